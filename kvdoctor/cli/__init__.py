@@ -1,0 +1,58 @@
+"""The `kvdoctor` command. Each sub-command lives in its own module in this package and
+exposes a click command named ``command``; they are found here, so adding one is adding a file.
+
+Errors the user can act on (bad input, bad rules) print one line and exit with a stable code:
+1 general, 2 bad input, 3 bad rule file. No traceback unless KVDOCTOR_DEBUG=1.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import KvdoctorError
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KvdoctorError as e:
+            if os.environ.get("KVDOCTOR_DEBUG"):
+                raise
+            click.echo(f"kvdoctor: error: {e}", err=True)
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="kvdoctor")
+def cli() -> None:
+    """Find out why an LLM inference service is slow or falling over, and what to change.
+
+    \b
+    Offline, on a capture or another tool's trace:
+      kvdoctor import llmperf results_individual_responses.json -o cap/
+      kvdoctor diagnose cap/            # incidents, causes, evidence, fixes
+      kvdoctor summary cap/             # the short on-call text
+    Live, beside a running server:
+      kvdoctor attach --server http://127.0.0.1:8000
+    """
+
+
+def _register() -> None:
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{mod.name}")
+        command = getattr(module, "command", None)
+        if isinstance(command, click.Command):
+            cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="kvdoctor")
