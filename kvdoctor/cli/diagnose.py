@@ -1,0 +1,93 @@
+"""`kvdoctor diagnose` and `kvdoctor summary`."""
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+from ..errors import InputError
+from .common import progress_callback
+
+
+def _time(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"--{name} {value!r}: expected epoch seconds or an ISO time like 2026-11-30T08:00:00Z") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.timestamp()
+
+
+def run_diagnosis(capture: str, since: str | None, until: str | None, rules_dirs: tuple[str, ...],
+                  slo: tuple[str, ...], sets: tuple[str, ...], lookback: str, step: str):
+    from ..capture import load
+    from ..diagnosis import Options, diagnose, load_rules, parse_slo
+    from ..diagnosis.rules import parse_duration, parse_overrides
+
+    try:
+        opts = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo))
+    except ValueError as e:
+        raise InputError(f"--lookback/--step: {e}") from None
+    rules = load_rules([Path(d) for d in rules_dirs], parse_overrides(sets))
+    cap = load(capture, since_s=_time(since, "since"), until_s=_time(until, "until"))
+    with progress_callback("diagnosing", unit="windows") as progress:
+        return diagnose(cap, rules, opts, progress)
+
+
+def diagnosis_options(f):
+    for option in reversed([
+        click.argument("capture", type=click.Path()),
+        click.option("--since", help="Only from this time (epoch seconds or ISO 8601)."),
+        click.option("--until", help="Only up to this time (epoch seconds or ISO 8601)."),
+        click.option("--rules", "rules_dirs", multiple=True, type=click.Path(),
+                     help="Extra folder of rule files (repeatable); same id replaces a shipped rule."),
+        click.option("--slo", multiple=True, metavar="NAME=VALUE",
+                     help="Absolute objective, e.g. --slo ttft_p99=2s --slo tpot_p99=80ms --slo error_rate=1%."),
+        click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=N",
+                     help="Override a rule threshold, e.g. --set prefill-bound.min_corr=0.5."),
+        click.option("--lookback", default="5m", show_default=True, help="Window each evaluation looks back over."),
+        click.option("--step", default="1m", show_default=True, help="Time between evaluations."),
+    ]):
+        f = option(f)
+    return f
+
+
+@click.command("diagnose")
+@diagnosis_options
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(), help="Write here instead of standard output.")
+def command(capture, since, until, rules_dirs, slo, sets, lookback, step, fmt, output):
+    """Incidents in a capture, each with its ranked causes, evidence numbers and fixes.
+
+    \b
+    Examples:
+      kvdoctor diagnose samples/multi-turn
+      kvdoctor diagnose cap/ --format json | jq '.incidents[0].causes[0]'
+      kvdoctor diagnose cap/ --slo ttft_p99=2s --since 2026-11-30T02:00:00Z
+      kvdoctor diagnose cap/ --rules my-rules/ --set prefill-bound.min_corr=0.5
+
+    Exit status: 0 done (incidents or not), 2 bad input, 3 bad rule file.
+    """
+    from ..report.summary import full_text, markdown
+
+    diag = run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step)
+    if fmt == "json":
+        text = orjson.dumps(diag.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
+    elif fmt == "markdown":
+        text = markdown(diag)
+    else:
+        text = full_text(diag)
+    if output:
+        Path(output).write_text(text)
+    else:
+        sys.stdout.write(text)

@@ -1,0 +1,78 @@
+"""`kvdoctor rules list | show ID | test` and `kvdoctor signals`."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+from ..errors import KvdoctorError
+
+_rules_option = click.option("--rules", "rules_dirs", multiple=True, type=click.Path(),
+                             help="Extra folder of rule files (repeatable).")
+
+
+def _load(rules_dirs):
+    from ..diagnosis import load_rules
+
+    return load_rules([Path(d) for d in rules_dirs])
+
+
+@click.group("rules")
+def command():
+    """The rule catalog: symptom -> cause -> evidence -> fix, as data in rules/*.yaml.
+
+    \b
+    Examples:
+      kvdoctor rules list
+      kvdoctor rules show prefill-bound
+      kvdoctor rules test                 # every rule's must-fire / must-not-fire captures
+      kvdoctor rules test --rules my-rules/
+    """
+
+
+@command.command("list")
+@_rules_option
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def list_rules(rules_dirs, fmt):
+    """One line per rule: id, severity, symptom, title."""
+    rules = _load(rules_dirs)
+    if fmt == "json":
+        click.echo(orjson.dumps([{"id": r.id, "title": r.title, "severity": r.severity, "symptom": r.symptom,
+                                  "for_s": r.for_s, "path": str(r.path)} for r in rules], option=orjson.OPT_INDENT_2).decode())
+        return
+    width = max(len(r.id) for r in rules)
+    for r in rules:
+        click.echo(f"{r.id:<{width}}  {r.severity:<8}  {r.symptom:<11}  {r.title}")
+
+
+@command.command("show")
+@click.argument("rule_id")
+@_rules_option
+def show(rule_id, rules_dirs):
+    """The rule file as written (with its path)."""
+    rules = {r.id: r for r in _load(rules_dirs)}
+    if rule_id not in rules:
+        raise KvdoctorError(f"no rule {rule_id!r}; `kvdoctor rules list` shows the ids")
+    click.echo(f"# {rules[rule_id].path}")
+    click.echo(rules[rule_id].path.read_text(), nl=False)
+
+
+@command.command("test")
+@_rules_option
+@click.option("--rule", "only", multiple=True, help="Test only this rule id (repeatable).")
+@click.option("-v", "--verbose", is_flag=True, help="Show every case, not only failures.")
+def test(rules_dirs, only, verbose):
+    """Run every rule's must-fire and must-not-fire captures; exit 1 if any case fails."""
+    from ..diagnosis.selftest import run
+
+    results = run(_load(rules_dirs), set(only) or None)
+    failed = [r for r in results if not r.passed]
+    for r in results:
+        if verbose or not r.passed:
+            mark = "ok  " if r.passed else "FAIL"
+            want = "fire" if r.expect_fire else "no fire"
+            click.echo(f"{mark} {r.rule}: {r.capture} (want {want}; {r.detail})")
+    click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    sys.exit(1 if failed else 0)

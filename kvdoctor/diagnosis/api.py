@@ -1,0 +1,113 @@
+"""The library entry point: capture in, incidents out, as objects or the stable JSON shape."""
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..capture import Capture
+from ..errors import InputError
+from ..signals import REGISTRY, Prepared
+from .evaluate import Incident, Options, incidents
+from .rules import Rule, load_rules
+
+JSON_SCHEMA_VERSION = 1
+
+_SLO = re.compile(r"^([a-z][a-z0-9_]*)=(\d+(?:\.\d+)?)(ms|s|%)?$")
+
+
+def parse_slo(items: list[str] | tuple[str, ...]) -> dict[str, float]:
+    """``ttft_p99=2s``, ``tpot_p99=80ms``, ``error_rate=1%`` -> {"ttft_p99_s": 2.0, ...}."""
+    out = {}
+    for item in items:
+        m = _SLO.match(item.strip())
+        if not m:
+            raise InputError(f"--slo {item!r}: expected NAME=VALUE[ms|s|%], e.g. ttft_p99=2s or error_rate=1%")
+        name, value, unit = m[1], float(m[2]), m[3]
+        if unit in ("s", "ms"):
+            name = name if name.endswith("_s") else f"{name}_s"
+            value = value / 1000 if unit == "ms" else value
+        elif unit == "%":
+            value = value / 100
+        if name not in REGISTRY:
+            raise InputError(f"--slo {item!r}: no signal {name!r}; SLOs name a signal such as ttft_p99_s, tpot_p99_s, error_rate")
+        out[name] = value
+    return out
+
+
+@dataclass
+class Diagnosis:
+    capture: Capture
+    incidents: list[Incident]
+    rules: list[Rule]
+    options: Options
+    start_s: float
+    end_s: float
+    warnings: list[str] = field(default_factory=list)
+
+    def time_label(self, t: float) -> str:
+        if self.capture.meta.clock == "unix" and t > 1e9:
+            return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"+{t - self.start_s:.0f}s"
+
+    def to_json(self) -> dict[str, Any]:
+        meta = self.capture.meta
+        return {
+            "schema_version": JSON_SCHEMA_VERSION,
+            "capture": {
+                "path": str(self.capture.path),
+                "requests": len(self.capture.requests),
+                "start": self.time_label(self.start_s),
+                "end": self.time_label(self.end_s),
+                "start_s": self.start_s,
+                "end_s": self.end_s,
+                "engine": meta.engine,
+                "model": meta.model,
+                "sources": {k: {"ok": v.ok, "detail": v.detail} for k, v in meta.sources.items()},
+                "warnings": self.warnings,
+            },
+            "slo": self.options.slo,
+            "incidents": [self._incident_json(i) for i in self.incidents],
+        }
+
+    def _incident_json(self, inc: Incident) -> dict[str, Any]:
+        return {
+            "symptom": inc.symptom,
+            "severity": inc.severity,
+            "title": inc.causes[0].rule.title,
+            "start": self.time_label(inc.start_s),
+            "end": self.time_label(inc.end_s),
+            "start_s": inc.start_s,
+            "end_s": inc.end_s,
+            "impact": {k: _num(v) for k, v in inc.impact.items()},
+            "causes": [
+                {
+                    "rule": c.rule.id,
+                    "title": c.rule.title,
+                    "cause": c.cause,
+                    "confidence": round(c.confidence, 3),
+                    "evidence": {name: {"value": _num(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},
+                    "fixes": [{"title": f.title, "why": f.why, "knobs": f.knobs} for f in c.rule.fixes],
+                    "references": list(c.rule.references),
+                }
+                for c in inc.causes
+            ],
+        }
+
+
+def _num(v: Any) -> Any:
+    if isinstance(v, float):
+        return None if math.isnan(v) or math.isinf(v) else round(v, 6)
+    return v
+
+
+def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options | None = None,
+             progress: Callable[[int, int], None] | None = None) -> Diagnosis:
+    """Run every rule over the capture and return its incidents, most severe first."""
+    rules = rules if rules is not None else load_rules()
+    options = options or Options()
+    prep = Prepared(capture, options.slo)
+    found = incidents(prep, rules, options, progress) if (len(capture.requests) or len(prep.engine_t) or len(prep.gpu_t)) else []
+    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, list(capture.warnings))

@@ -1,0 +1,162 @@
+"""Evaluate rules over rolling windows, hold them for their `for:` time, and group what
+fires into incidents with ranked causes.
+
+Offline and live use the same code: :func:`step_times` lays evaluation instants over the
+capture; each instant looks back ``lookback_s``. A rule is *active* at an instant when its
+symptom holds (enough requests, every condition known and true) and at least one of its
+causes holds. It *fires* once active for at least its ``for`` time. Firing intervals of rules
+with the same symptom that overlap or touch become one incident; the evidence is then read
+over the incident's own span, so the numbers describe the incident, not one window.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..signals import Prepared, Window
+from . import conditions as C
+from .rules import SEVERITY_RANK, Rule
+
+MAX_STEPS = 400
+
+
+@dataclass
+class Options:
+    lookback_s: float = 300.0
+    step_s: float = 60.0
+    slo: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Activation:
+    rule: Rule
+    start_s: float
+    end_s: float
+    confidence: float
+    cause: str
+
+
+@dataclass
+class CauseFinding:
+    rule: Rule
+    confidence: float
+    cause: str
+    evidence: dict[str, float]
+
+
+@dataclass
+class Incident:
+    symptom: str
+    start_s: float
+    end_s: float
+    severity: str
+    causes: list[CauseFinding]
+    impact: dict[str, Any]
+    server: str | None = None
+
+
+def step_times(start_s: float, end_s: float, opt: Options) -> tuple[np.ndarray, float, float]:
+    """Evaluation instants, and the step and lookback actually used (widened for long spans
+    so a capture never needs more than MAX_STEPS evaluations)."""
+    span = max(end_s - start_s, 0.0)
+    step = max(opt.step_s, span / MAX_STEPS)
+    lookback = max(opt.lookback_s, step)
+    if span <= lookback:
+        return np.array([end_s]), step, span
+    times = np.arange(start_s + lookback, end_s, step)
+    if not len(times) or times[-1] < end_s:
+        times = np.append(times, end_s)
+    return times, step, lookback
+
+
+def match(rule: Rule, w: Window, slo: dict[str, float]) -> tuple[bool, float, str]:
+    """Whether the rule is active on a window, with the confidence and title of the best cause."""
+    if w.n_requests < rule.min_requests:
+        return False, 0.0, ""
+    if not C.evaluate(rule.when, w.value, slo, rule.params):
+        return False, 0.0, ""
+    best = (0.0, "")
+    for cause in rule.causes:
+        if cause.when is None or C.evaluate(cause.when, w.value, slo, rule.params):
+            if cause.confidence > best[0]:
+                best = (cause.confidence, cause.title)
+    return best[0] > 0, best[0], best[1]
+
+
+def activations(prep: Prepared, rules: list[Rule], opt: Options,
+                progress: Callable[[int, int], None] | None = None) -> list[Activation]:
+    times, step, lookback = step_times(prep.start_s, prep.end_s, opt)
+    runs: dict[str, list[tuple[float, float, float, str]]] = {r.id: [] for r in rules}
+    open_run: dict[str, list[Any]] = {}
+    for k, t in enumerate(times):
+        w_start = t - lookback
+        w = prep.window(w_start, t)
+        fresh_start = max(w_start, t - step) if len(times) > 1 else w_start
+        for rule in rules:
+            ok, conf, title = match(rule, w, opt.slo)
+            run = open_run.get(rule.id)
+            if ok:
+                if run is None:
+                    open_run[rule.id] = [fresh_start, t, conf, title]
+                else:
+                    run[1] = t
+                    if conf > run[2]:
+                        run[2], run[3] = conf, title
+            elif run is not None:
+                runs[rule.id].append(tuple(open_run.pop(rule.id)))
+        if progress:
+            progress(k + 1, len(times))
+    for rid, run in open_run.items():
+        runs[rid].append(tuple(run))
+    by_id = {r.id: r for r in rules}
+    out = []
+    for rid, spans in runs.items():
+        rule = by_id[rid]
+        for start, end, conf, title in spans:
+            if end - start >= rule.for_s:
+                out.append(Activation(rule, start, end, conf, title))
+    return out
+
+
+def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
+              progress: Callable[[int, int], None] | None = None) -> list[Incident]:
+    opt = opt or Options()
+    acts = activations(prep, rules, opt, progress)
+    fired = {a.rule.id for a in acts}
+    acts = [a for a in acts if not (set(a.rule.suppressed_by) & fired)]
+    out: list[Incident] = []
+    for symptom in sorted({a.rule.symptom for a in acts}):
+        group = sorted((a for a in acts if a.rule.symptom == symptom), key=lambda a: a.start_s)
+        clusters: list[list[Activation]] = []
+        for a in group:
+            if clusters and a.start_s <= max(x.end_s for x in clusters[-1]) + opt.step_s:
+                clusters[-1].append(a)
+            else:
+                clusters.append([a])
+        for cluster in clusters:
+            out.append(_incident(prep, symptom, cluster, opt))
+    out.sort(key=lambda i: (-SEVERITY_RANK[i.severity], -max(c.confidence for c in i.causes), i.start_s))
+    return out
+
+
+def _incident(prep: Prepared, symptom: str, cluster: list[Activation], opt: Options) -> Incident:
+    start, end = min(a.start_s for a in cluster), max(a.end_s for a in cluster)
+    w = prep.window(start, end)
+    best: dict[str, Activation] = {}
+    for a in cluster:
+        if a.rule.id not in best or a.confidence > best[a.rule.id].confidence:
+            best[a.rule.id] = a
+    causes = [CauseFinding(a.rule, a.confidence, a.cause, {name: w.value(name) for name in a.rule.evidence})
+              for a in best.values()]
+    causes.sort(key=lambda c: (-c.confidence, -SEVERITY_RANK[c.rule.severity], c.rule.id))
+    top = causes[0].rule
+    impact: dict[str, Any] = {"requests": w.n_requests, "errors": int(w.value("errors"))}
+    if top.impact:
+        impact["signal"] = top.impact
+        impact["value"] = w.value(top.impact)
+        if top.impact in opt.slo:
+            impact["slo"] = opt.slo[top.impact]
+    severity = max((c.rule.severity for c in causes), key=SEVERITY_RANK.__getitem__)
+    return Incident(symptom, start, end, severity, causes, impact)

@@ -1,0 +1,174 @@
+"""Rule files: load (YAML as data, never code), validate against the published schema, and
+turn into frozen :class:`Rule` objects. A bad file is a :class:`RuleError` naming the file,
+the rule id, the field path and what to change."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from ..errors import RuleError
+from ..signals import REGISTRY
+from . import conditions as C
+
+SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
+
+
+@dataclass(frozen=True)
+class Cause:
+    title: str
+    confidence: float
+    when: C.Cond | None
+
+
+@dataclass(frozen=True)
+class Fix:
+    title: str
+    why: str
+    knobs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    severity: str
+    symptom: str
+    when: C.Cond
+    impact: str | None
+    min_requests: int
+    for_s: float
+    causes: tuple[Cause, ...]
+    evidence: tuple[str, ...]
+    fixes: tuple[Fix, ...]
+    references: tuple[str, ...]
+    tests_fire: tuple[str, ...]
+    tests_no_fire: tuple[str, ...]
+    suppressed_by: tuple[str, ...]
+    params: dict[str, float] = field(default_factory=dict)
+    description: str = ""
+    path: Path | None = None
+
+    def signals(self) -> set[str]:
+        out = set(self.when.signals()) | set(self.evidence)
+        for c in self.causes:
+            if c.when is not None:
+                out |= c.when.signals()
+        return out
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    return json.loads(resources.files("kvdoctor").joinpath("schema/rule.schema.json").read_text())
+
+
+def builtin_rules_dir() -> Path:
+    """The shipped rules: inside the installed package, else the repository's rules/."""
+    packaged = Path(str(resources.files("kvdoctor"))) / "_rules"
+    if packaged.is_dir() and any(packaged.glob("*.yaml")):
+        return packaged
+    return Path(__file__).resolve().parents[2] / "rules"
+
+
+def parse_duration(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text.strip())
+    if not m:
+        raise ValueError(f"expected a duration like 30s, 2m or 1h, got {text!r}")
+    return float(m[1]) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600}[m[2]]
+
+
+def _fail(path: Path, rule_id: str, where: str, message: str) -> RuleError:
+    return RuleError(f"{path}: rule {rule_id}: {where}: {message}")
+
+
+def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
+    try:
+        raw = yaml.safe_load(path.read_text())  # safe_load: tags that build objects are refused
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise RuleError(f"{path}: {where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    rule_id = raw.get("id", path.stem) if isinstance(raw, dict) else path.stem
+    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        msg = e.message if len(e.message) < 200 else e.message[:200] + "..."
+        raise _fail(path, rule_id, where, f"{msg}; see kvdoctor/schema/rule.schema.json")
+    if raw["id"] != path.stem:
+        raise _fail(path, rule_id, "id", f"must match the file name ({path.stem!r}): one rule a file, named by its id")
+    params = dict(raw.get("params") or {})
+    for key, value in (overrides or {}).items():
+        if key not in params:
+            raise _fail(path, rule_id, f"params.{key}", f"no such parameter to override; known: {', '.join(params) or 'none'}")
+        params[key] = value
+    known = set(REGISTRY)
+
+    def cond(spec, where):
+        try:
+            return C.parse(spec, where, known, params)
+        except C.ConditionError as e:
+            raise _fail(path, rule_id, e.path, e.message) from None
+
+    for i, name in enumerate(raw["evidence"]):
+        if name not in known:
+            raise _fail(path, rule_id, f"evidence[{i}]", f"unknown signal {name!r}; `kvdoctor signals` lists them")
+    impact = raw["symptom"].get("impact")
+    if impact and impact not in known:
+        raise _fail(path, rule_id, "symptom.impact", f"unknown signal {impact!r}")
+    try:
+        for_s = parse_duration(raw.get("for", "0s"))
+    except ValueError as e:
+        raise _fail(path, rule_id, "for", str(e)) from None
+    return Rule(
+        id=raw["id"], title=raw["title"], severity=raw["severity"], description=raw.get("description", ""),
+        symptom=raw["symptom"]["name"], when=cond(raw["symptom"]["when"], "symptom.when"),
+        impact=impact, min_requests=int(raw["symptom"].get("min_requests", 0)), for_s=for_s,
+        causes=tuple(Cause(c["title"], float(c["confidence"]), cond(c["when"], f"causes[{i}].when") if "when" in c else None)
+                     for i, c in enumerate(raw["causes"])),
+        evidence=tuple(raw["evidence"]),
+        fixes=tuple(Fix(f["title"], f.get("why", ""), dict(f["knobs"])) for f in raw["fixes"]),
+        references=tuple(raw.get("references", [])),
+        tests_fire=tuple(raw["tests"]["fire"]), tests_no_fire=tuple(raw["tests"]["no_fire"]),
+        suppressed_by=tuple(raw.get("suppressed_by", [])), params=params, path=path,
+    )
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """``RULE.PARAM=VALUE`` strings from the command line, by rule id."""
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        m = re.fullmatch(r"([a-z][a-z0-9-]*)\.([a-z_][a-z0-9_]*)=(-?\d+(?:\.\d+)?)", item.strip())
+        if not m:
+            raise RuleError(f"--set {item!r}: expected RULE.PARAM=NUMBER, e.g. prefill-bound.min_corr=0.5")
+        out.setdefault(m[1], {})[m[2]] = float(m[3])
+    return out
+
+
+def load_rules(extra_dirs: list[Path] | tuple[Path, ...] = (), overrides: dict[str, dict[str, float]] | None = None,
+               include_builtin: bool = True) -> list[Rule]:
+    """Shipped rules plus each ``--rules DIR``; a later rule with the same id replaces one before."""
+    overrides = overrides or {}
+    dirs = ([builtin_rules_dir()] if include_builtin else []) + [Path(d) for d in extra_dirs]
+    by_id: dict[str, Rule] = {}
+    for d in dirs:
+        if not d.is_dir():
+            raise RuleError(f"{d}: no such rules folder; expected a folder of *.yaml rule files")
+        for path in sorted(d.glob("*.yaml")):
+            rule = load_rule(path, overrides.get(path.stem))
+            by_id[rule.id] = rule
+    unknown = set(overrides) - set(by_id)
+    if unknown:
+        raise RuleError(f"--set: no rule with id {', '.join(sorted(unknown))}")
+    for rule in by_id.values():
+        for other in rule.suppressed_by:
+            if other not in by_id:
+                raise _fail(rule.path, rule.id, "suppressed_by", f"no rule with id {other!r}")
+    return sorted(by_id.values(), key=lambda r: r.id)

@@ -1,0 +1,65 @@
+"""`kvdoctor rules test`: every rule against the captures it names as must-fire and must-not-fire.
+
+A case passes when, diagnosing the capture with the whole rule set (so suppression and
+ranking apply as for a user), the rule is (fire) or is not (no_fire) among the causes of an
+incident. Each capture is diagnosed once however many rules name it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..capture import load
+from .api import diagnose
+from .rules import Rule
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    rule: str
+    capture: str
+    expect_fire: bool
+    fired: bool | None  # None: the capture could not be found or read
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.fired is not None and self.fired == self.expect_fire
+
+
+def resolve_case(rule: Rule, case: str) -> Path | None:
+    p = Path(case)
+    bases = [Path.cwd()]
+    if rule.path is not None:
+        bases = [rule.path.parent, rule.path.parent.parent, *bases]
+    for base in bases:
+        cand = p if p.is_absolute() else base / p
+        if cand.exists():
+            return cand
+    return None
+
+
+def run(rules: list[Rule], only: set[str] | None = None) -> list[CaseResult]:
+    fired_by_capture: dict[Path, set[str] | str] = {}
+    results = []
+    for rule in rules:
+        if only and rule.id not in only:
+            continue
+        for case, expect in [(c, True) for c in rule.tests_fire] + [(c, False) for c in rule.tests_no_fire]:
+            path = resolve_case(rule, case)
+            if path is None:
+                results.append(CaseResult(rule.id, case, expect, None, "capture not found"))
+                continue
+            if path not in fired_by_capture:
+                try:
+                    diag = diagnose(load(path), rules)
+                    fired_by_capture[path] = {c.rule.id for inc in diag.incidents for c in inc.causes}
+                except Exception as e:  # a broken case is a failed case, not a crash
+                    fired_by_capture[path] = f"{type(e).__name__}: {e}"
+            fired = fired_by_capture[path]
+            if isinstance(fired, str):
+                results.append(CaseResult(rule.id, case, expect, None, fired))
+            else:
+                results.append(CaseResult(rule.id, case, expect, rule.id in fired,
+                                          "fired: " + (", ".join(sorted(fired)) or "nothing")))
+    return results

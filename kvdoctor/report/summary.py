@@ -1,0 +1,164 @@
+"""Text renderings of a diagnosis: the on-call summary (short, phone-readable), the full text
+and Markdown. Pure functions of a Diagnosis; no I/O."""
+from __future__ import annotations
+
+import math
+
+from ..diagnosis import Diagnosis, Incident
+from ..signals import REGISTRY
+
+ENGINE_KNOB = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "llamacpp": "llamacpp", "llama.cpp": "llamacpp",
+               "trtllm": "trtllm", "tensorrt-llm": "trtllm", "triton": "trtllm"}
+ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llamacpp": "llama.cpp", "trtllm": "TensorRT-LLM", "any": "any engine"}
+
+
+def fmt(value: float | None, unit: str) -> str:
+    """A signal value in the unit people read it in."""
+    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
+        return "n/a"
+    if unit == "s":
+        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
+    if unit in ("fraction",):
+        return f"{value * 100:.0f}%"
+    if unit == "fraction/turn":
+        return f"{value * 100:+.1f}%/turn"
+    if unit == "fraction/min":
+        return f"{value * 100:+.1f}%/min"
+    if unit == "bytes":
+        return f"{value / 2**30:.2f} GiB"
+    if unit == "bool":
+        return "yes" if value else "no"
+    if unit in ("count", "requests", "turns", "tokens"):
+        return f"{value:,.0f}" + ("" if unit == "count" else f" {unit}")
+    if unit == "rank corr":
+        return f"{value:.2f} (rank corr)"
+    if unit == "ratio":
+        return f"{value:.1f}x"
+    return f"{value:,.2f} {unit}"
+
+
+def _evidence_line(name: str, value: float) -> str:
+    return f"{name} = {fmt(value, REGISTRY[name].unit)}"
+
+
+def engine_key(diag: Diagnosis) -> str | None:
+    return ENGINE_KNOB.get((diag.capture.meta.engine or "").lower())
+
+
+def _knobs(knobs: dict[str, str], engine: str | None, limit: int = 2) -> list[str]:
+    if engine and engine in knobs:
+        return [f"{ENGINE_LABEL[engine]}: {knobs[engine]}"]
+    keys = (["any"] if "any" in knobs else []) + [k for k in knobs if k != "any"]
+    return [f"{ENGINE_LABEL[k]}: {knobs[k]}" for k in keys[:limit]]
+
+
+def _header(diag: Diagnosis) -> list[str]:
+    meta = diag.capture.meta
+    span = max(diag.end_s - diag.start_s, 0)
+    lines = [f"kvdoctor · {diag.capture.path} · {len(diag.capture.requests):,} requests · "
+             f"{diag.time_label(diag.start_s)} → {diag.time_label(diag.end_s)} ({_dur(span)})"]
+    what = " · ".join(x for x in (meta.engine and f"engine {meta.engine}", meta.model and f"model {meta.model}",
+                                  meta.gpu and f"GPU {meta.gpu}") if x)
+    if what:
+        lines.append(what)
+    missing = [k for k, v in meta.sources.items() if not v.ok]
+    if missing:
+        lines.append("not read: " + ", ".join(f"{k} ({meta.sources[k].detail})" for k in missing))
+    for w in diag.warnings:
+        lines.append(f"warning: {w}")
+    return lines
+
+
+def _dur(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _impact(inc: Incident) -> str:
+    parts = [f"{inc.impact.get('requests', 0):,} requests"]
+    if inc.impact.get("errors"):
+        parts.append(f"{inc.impact['errors']:,} failed")
+    sig = inc.impact.get("signal")
+    if sig:
+        val = fmt(inc.impact.get("value"), REGISTRY[sig].unit)
+        slo = inc.impact.get("slo")
+        parts.append(f"{sig} = {val}" + (f" (SLO {fmt(slo, REGISTRY[sig].unit)})" if slo is not None else ""))
+    return "; ".join(parts)
+
+
+def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
+    """The on-call text: what, when, impact, likely cause with evidence, first fix."""
+    lines = _header(diag)
+    engine = engine_key(diag)
+    if not diag.incidents:
+        lines.append("")
+        lines.append("No incident: no rule fired. " + _healthy_line(diag))
+        return "\n".join(lines) + "\n"
+    for n, inc in enumerate(diag.incidents, 1):
+        top = inc.causes[0]
+        lines += [
+            "",
+            f"[{n}] {inc.severity.upper()} {inc.symptom} · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} ({_dur(inc.end_s - inc.start_s)})",
+            f"What: {top.rule.title}",
+            f"Impact: {_impact(inc)}",
+            f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
+            "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in list(top.evidence.items())[:max_evidence]),
+            f"First fix: {top.rule.fixes[0].title}",
+        ]
+        lines += [f"  {k}" for k in _knobs(top.rule.fixes[0].knobs, engine)]
+        if len(inc.causes) > 1:
+            lines.append("Also considered: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%})" for c in inc.causes[1:4]))
+    return "\n".join(lines) + "\n"
+
+
+def _healthy_line(diag: Diagnosis) -> str:
+    from ..signals import Prepared
+
+    w = Prepared(diag.capture).window(diag.start_s, diag.end_s)
+    parts = [_evidence_line(k, w.value(k)) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "error_rate")
+             if not math.isnan(w.value(k))]
+    return " · ".join(parts)
+
+
+def full_text(diag: Diagnosis) -> str:
+    """Every incident with every cause, all evidence and all fixes."""
+    lines = _header(diag)
+    engine = engine_key(diag)
+    if not diag.incidents:
+        return "\n".join(lines + ["", "No incident: no rule fired. " + _healthy_line(diag)]) + "\n"
+    for n, inc in enumerate(diag.incidents, 1):
+        lines += ["", f"Incident {n}: {inc.severity.upper()} {inc.symptom}, {diag.time_label(inc.start_s)} → "
+                      f"{diag.time_label(inc.end_s)} ({_dur(inc.end_s - inc.start_s)})",
+                  f"  impact: {_impact(inc)}"]
+        for rank, c in enumerate(inc.causes, 1):
+            lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}): {c.rule.title}")
+            lines.append(f"     cause: {c.cause}")
+            for k, v in c.evidence.items():
+                lines.append(f"     - {_evidence_line(k, v)}")
+            for f in c.rule.fixes:
+                lines.append(f"     fix: {f.title}")
+                lines += [f"       {k}" for k in _knobs(f.knobs, engine, limit=5)]
+    return "\n".join(lines) + "\n"
+
+
+def markdown(diag: Diagnosis) -> str:
+    out = [f"# kvdoctor diagnosis", "", *[f"- {x}" for x in _header(diag)], ""]
+    if not diag.incidents:
+        return "\n".join(out + ["**No incident**: no rule fired. " + _healthy_line(diag), ""])
+    engine = engine_key(diag)
+    for n, inc in enumerate(diag.incidents, 1):
+        top = inc.causes[0]
+        out += [f"## {n}. {top.rule.title}", "",
+                f"**{inc.severity}** · symptom `{inc.symptom}` · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} · {_impact(inc)}", "",
+                "| rank | rule | confidence | cause |", "|---|---|---|---|"]
+        out += [f"| {i} | `{c.rule.id}` | {c.confidence:.0%} | {c.cause} |" for i, c in enumerate(inc.causes, 1)]
+        out += ["", "**Evidence**", ""] + [f"- `{k}` = {fmt(v, REGISTRY[k].unit)}" for k, v in top.evidence.items()]
+        out += ["", "**Fixes, in order**", ""]
+        for f in top.rule.fixes:
+            out.append(f"1. {f.title}" + (f" — {f.why}" if f.why else ""))
+            out += [f"   - {k}" for k in _knobs(f.knobs, engine, limit=5)]
+        out.append("")
+    return "\n".join(out)

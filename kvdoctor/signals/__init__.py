@@ -1,0 +1,10 @@
+"""Signals: named, unit-tagged numbers computed from a capture window.
+
+Every signal is registered in :data:`REGISTRY` (name, unit, docstring, function); rules refer
+to them by name. `kvdoctor signals` lists them.
+"""
+from . import latency, memory, outcomes, sessions  # noqa: F401  (modules register their signals)
+from .registry import REGISTRY, Signal, signal
+from .window import Prepared, Window
+
+__all__ = ["REGISTRY", "Prepared", "Signal", "Window", "signal"]

@@ -1,0 +1,225 @@
+"""Latency signals: percentiles, tails, and what latency moves with (prompt length,
+context length, concurrency, long prompts ahead in the queue)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import fit, percentile, ratio, signal
+
+MIN_REQUESTS = 5
+
+#: (prefix, request column, what it is) -> signals PREFIX_p50_s, _p90_s, _p99_s
+PERCENTILE_TABLE = [
+    ("ttft", "ttft_s", "time to first token"),
+    ("tpot", "tpot_s", "time per output token after the first"),
+    ("e2e", "e2e_s", "end-to-end request latency"),
+    ("queue", "queue_s", "time queued before prefill started"),
+]
+
+
+def _register_percentiles() -> None:
+    for prefix, column, what in PERCENTILE_TABLE:
+        for q in (50, 90, 99):
+            def fn(w, column=column, q=q):
+                return percentile(w.r(column), q, MIN_REQUESTS)
+
+            signal(f"{prefix}_p{q}_s", "s", f"P{q} of {what} over requests in the window")(fn)
+        signal(f"{prefix}_p99_over_p50", "ratio", f"P99/P50 of {what}: how heavy the tail is")(
+            lambda w, prefix=prefix: ratio(w.value(f"{prefix}_p99_s"), w.value(f"{prefix}_p50_s")))
+
+
+_register_percentiles()
+
+
+@signal("itl_p50_s", "s")
+def itl_p50(w):
+    """P50 of every inter-token gap in the window (per-request ITL lists, else their P50s)."""
+    v = w.itl_values()
+    return percentile(v if len(v) else w.r("itl_p50_s"), 50, MIN_REQUESTS)
+
+
+@signal("itl_p99_s", "s")
+def itl_p99(w):
+    """P99 of every inter-token gap in the window (else of per-request P99s); stalls show here."""
+    v = w.itl_values()
+    return percentile(v if len(v) else w.r("itl_p99_s"), 99, MIN_REQUESTS)
+
+
+@signal("requests", "count")
+def requests(w):
+    """Requests that arrived in the window."""
+    return w.n_requests
+
+
+@signal("request_rate_per_s", "1/s")
+def request_rate(w):
+    """Arrival rate over the window."""
+    return ratio(w.n_requests, w.duration_s)
+
+
+@signal("output_tokens_per_s", "tokens/s")
+def output_rate(w):
+    """Generated tokens per second over the window."""
+    return ratio(float(np.nansum(w.r("output_tokens"))), w.duration_s)
+
+
+@signal("prompt_p50_tokens", "tokens")
+def prompt_p50(w):
+    """Median prompt length."""
+    return percentile(w.r("prompt_tokens"), 50)
+
+
+@signal("prompt_p95_tokens", "tokens")
+def prompt_p95(w):
+    """P95 prompt length: plan capacity from this, not the mean."""
+    return percentile(w.r("prompt_tokens"), 95)
+
+
+@signal("prompt_p99_tokens", "tokens")
+def prompt_p99(w):
+    """P99 prompt length."""
+    return percentile(w.r("prompt_tokens"), 99)
+
+
+@signal("prompt_p99_over_p50", "ratio")
+def prompt_spread(w):
+    """How far the long prompts are from the typical one."""
+    return ratio(w.value("prompt_p99_tokens"), w.value("prompt_p50_tokens"))
+
+
+@signal("ttft_prompt_slope_ms_per_1k_tokens", "ms/1k tokens")
+def ttft_slope(w):
+    """Extra TTFT per 1,000 prompt tokens (least squares): the prefill cost."""
+    slope, _, _ = fit(w.r("prompt_tokens"), w.r("ttft_s"))
+    return slope * 1e6
+
+
+@signal("ttft_prompt_corr", "rank corr")
+def ttft_corr(w):
+    """Rank correlation of TTFT with prompt length (1 = TTFT rises with every longer prompt)."""
+    return fit(w.r("prompt_tokens"), w.r("ttft_s"))[1]
+
+
+@signal("ttft_long_over_short", "ratio")
+def ttft_long_over_short(w):
+    """Median TTFT of the longest 10% of prompts over that of the shorter half."""
+    p, t = w.r("prompt_tokens"), w.r("ttft_s")
+    m = np.isfinite(p) & np.isfinite(t)
+    if m.sum() < 20:
+        return np.nan
+    p, t = p[m], t[m]
+    hi, lo = np.percentile(p, 90), np.percentile(p, 50)
+    if hi <= lo:
+        return np.nan
+    return ratio(float(np.median(t[p >= hi])), float(np.median(t[p <= lo])))
+
+
+def _split_by(w, key: str, value: str) -> float:
+    """Median of `value` at high `key` (top quarter) over that at low `key` (bottom quarter)."""
+    k, v = w.r(key), w.r(value)
+    m = np.isfinite(k) & np.isfinite(v)
+    if m.sum() < 20:
+        return np.nan
+    k, v = k[m], v[m]
+    lo, hi = np.percentile(k, 25), np.percentile(k, 75)
+    if hi <= lo:
+        return np.nan
+    return ratio(float(np.median(v[k >= hi])), float(np.median(v[k <= lo])))
+
+
+@signal("tpot_context_slope_ms_per_1k_tokens", "ms/1k tokens")
+def tpot_ctx_slope(w):
+    """Extra TPOT per 1,000 tokens of context: decode reading a longer KV cache."""
+    return fit(w.r("context_tokens"), w.r("tpot_s"))[0] * 1e6
+
+
+@signal("tpot_context_corr", "rank corr")
+def tpot_ctx_corr(w):
+    """Rank correlation of TPOT with context length."""
+    return fit(w.r("context_tokens"), w.r("tpot_s"))[1]
+
+
+@signal("tpot_concurrency_corr", "rank corr")
+def tpot_conc_corr(w):
+    """Rank correlation of TPOT with the mean requests in flight while it decoded: decode
+    steps share memory bandwidth among the sequences in the batch."""
+    return fit(w.r("decode_concurrency"), w.r("tpot_s"))[1]
+
+
+@signal("tpot_high_over_low_concurrency", "ratio")
+def tpot_conc_ratio(w):
+    """Median TPOT at high decode concurrency (top quarter) over that at low (bottom quarter)."""
+    return _split_by(w, "decode_concurrency", "tpot_s")
+
+
+@signal("ttft_high_over_low_concurrency", "ratio")
+def ttft_conc_ratio(w):
+    """Median TTFT at high concurrency over that at low: waiting for a free slot."""
+    return _split_by(w, "concurrency", "ttft_s")
+
+
+@signal("concurrency_p50", "requests")
+def conc_p50(w):
+    """Median requests in flight at each arrival."""
+    return percentile(w.r("concurrency"), 50)
+
+
+@signal("concurrency_max", "requests")
+def conc_max(w):
+    """Most requests in flight at any arrival."""
+    c = w.r("concurrency")
+    return float(np.nanmax(c)) if np.isfinite(c).any() else np.nan
+
+
+@signal("queue_share_p50", "fraction")
+def queue_share(w):
+    """Median share of a request's latency spent queued."""
+    q, e = w.r("queue_s"), w.r("e2e_s")
+    return percentile(q / np.where(e > 0, e, np.nan), 50, MIN_REQUESTS)
+
+
+@signal("queued_frac", "fraction")
+def queued_frac(w):
+    """Share of requests that arrived when every slot was busy (in flight > configured slots)."""
+    slots = w.prep.config.get("max_concurrency") or w.prep.config.get("parallel")
+    c = w.r("concurrency")
+    if not slots or not np.isfinite(c).any():
+        return np.nan
+    c = c[np.isfinite(c)]
+    return float(np.mean(c > float(slots)))
+
+
+@signal("requests_waiting_p50", "requests")
+def waiting(w):
+    """Median of the engine's waiting-queue gauge."""
+    _, v = w.engine("requests_waiting")
+    if not len(v) or not np.isfinite(v).any():
+        _, v = w.engine("requests_deferred")
+    return percentile(v, 50)
+
+
+@signal("hol_ttft_ratio", "ratio")
+def hol_ratio(w):
+    """Median TTFT of short requests that arrived while a long prompt was in prefill, over
+    that of short requests that did not: head-of-line blocking behind long prefills."""
+    p, t = w.r("prompt_tokens"), w.r("ttft_s")
+    arr, first = w.prep.t[w.req], w.r("first_token_s")
+    m = np.isfinite(p) & np.isfinite(t) & np.isfinite(first)
+    if m.sum() < 20:
+        return np.nan
+    med = np.median(p[m])
+    long_ = m & (p >= max(4 * med, np.percentile(p[m], 90)))
+    short = m & (p <= med)
+    if long_.sum() < 1 or short.sum() < 10:
+        return np.nan
+    # a short request is "behind" a long one if it arrived after the long one and before
+    # that long request's first token (i.e. while its prefill ran)
+    la, lf = arr[long_], first[long_]
+    order = np.argsort(la)
+    la, lf = la[order], np.maximum.accumulate(lf[order])
+    idx = np.searchsorted(la, arr[short], side="right") - 1
+    behind = (idx >= 0) & (lf[np.clip(idx, 0, None)] > arr[short])
+    ts = t[short]
+    if behind.sum() < 3 or (~behind).sum() < 3:
+        return np.nan
+    return ratio(float(np.median(ts[behind])), float(np.median(ts[~behind])))

@@ -1,0 +1,105 @@
+"""Prefix reuse, errors and output quality."""
+from __future__ import annotations
+
+import numpy as np
+
+from .memory import counter_increase
+from .registry import percentile, ratio, signal
+
+
+@signal("prefix_hit_rate_achieved", "fraction")
+def hit_achieved(w):
+    """Share of prompt tokens served from the prefix cache (per request, else engine counters)."""
+    cached, prompt = w.r("cached_prompt_tokens"), w.r("prompt_tokens")
+    m = np.isfinite(cached) & np.isfinite(prompt)
+    if m.sum() >= 5:
+        return ratio(float(cached[m].sum()), float(prompt[m].sum()))
+    for hits, total in (("prefix_cache_hits_total", "prefix_cache_queries_total"),
+                        ("cached_prompt_tokens_total", "prompt_tokens_total")):
+        h, q = counter_increase(*w.engine(hits)), counter_increase(*w.engine(total))
+        if np.isfinite(h) and np.isfinite(q) and q > 0:
+            return h / q
+    return percentile(w.engine("prefix_cache_hit_rate")[1], 50)
+
+
+@signal("prefix_hit_rate_achievable", "fraction")
+def hit_achievable(w):
+    """Share of prompt tokens an ideal prefix cache could serve, from prompt block hashes."""
+    ach, prompt = w.r("achievable_cached_tokens"), w.r("prompt_tokens")
+    m = np.isfinite(ach) & np.isfinite(prompt)
+    if m.sum() < 5:
+        return np.nan
+    return ratio(float(ach[m].sum()), float(prompt[m].sum()))
+
+
+@signal("prefix_hit_gap", "fraction")
+def hit_gap(w):
+    """Achievable minus achieved prefix hit rate: reuse the cache is leaving on the table."""
+    return w.value("prefix_hit_rate_achievable") - w.value("prefix_hit_rate_achieved")
+
+
+@signal("error_rate", "fraction")
+def error_rate(w):
+    """Share of requests that failed (any non-ok status)."""
+    n = w.n_requests
+    return ratio(float(w.prep.is_error[w.req].sum()), n) if n >= 5 else np.nan
+
+
+@signal("errors", "count")
+def errors(w):
+    """Failed requests in the window."""
+    return float(w.prep.is_error[w.req].sum())
+
+
+@signal("context_errors", "count")
+def context_errors(w):
+    """Requests refused or failed for lack of context/KV space."""
+    return float(w.prep.is_context_error[w.req].sum())
+
+
+@signal("error_rate_max_1m", "fraction")
+def error_burst(w):
+    """Highest error rate in any one-minute bucket (with at least 5 requests)."""
+    t = w.prep.t[w.req]
+    err = w.prep.is_error[w.req]
+    m = np.isfinite(t)
+    if m.sum() < 5:
+        return np.nan
+    b = ((t[m] - t[m].min()) // 60).astype(np.int64)
+    n = np.bincount(b)
+    e = np.bincount(b, weights=err[m].astype(float))
+    ok = n >= 5
+    return float((e[ok] / n[ok]).max()) if ok.any() else np.nan
+
+
+@signal("oom_events", "count")
+def oom_events(w):
+    """Out-of-memory events recorded (engine crash or CUDA OOM in its log)."""
+    return float(len(w.events("oom")))
+
+
+@signal("server_restarts", "count")
+def restarts(w):
+    """Server restarts or outages seen."""
+    return float(len(w.events("server-restart")) + len(w.events("server-down")))
+
+
+@signal("repetition_p50", "fraction")
+def repetition(w):
+    """Median share of each output that repeats its own earlier n-grams."""
+    return percentile(w.r("output_repetition"), 50, 5)
+
+
+@signal("repetition_long_minus_short", "fraction")
+def repetition_gap(w):
+    """Median repetition of outputs for the longest quarter of prompts minus that for the
+    shortest quarter: degeneration that appears only at long context."""
+    p, r = w.r("prompt_tokens"), w.r("output_repetition")
+    m = np.isfinite(p) & np.isfinite(r)
+    if m.sum() < 8:
+        return np.nan
+    p, r = p[m], r[m]
+    lo, hi = np.percentile(p, 25), np.percentile(p, 75)
+    if hi <= lo:
+        return np.nan
+    return float(np.median(r[p >= hi]) - np.median(r[p <= lo]))

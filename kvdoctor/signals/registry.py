@@ -1,0 +1,76 @@
+"""One registry of named, unit-tagged signals.
+
+A signal is a function of a :class:`~kvdoctor.signals.window.Window` returning one float, or
+NaN when the window lacks the data (too few samples, source absent). Rules name signals; the
+registry is what makes a misspelt name a load-time error instead of a silent never-fire.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    unit: str
+    doc: str
+    fn: Callable[["Window"], float]  # noqa: F821 (forward ref, avoids an import cycle)
+
+
+REGISTRY: dict[str, Signal] = {}
+
+
+def signal(name: str, unit: str, doc: str | None = None):
+    """Register a signal; the docstring of the function is its documentation."""
+
+    def deco(fn):
+        if name in REGISTRY:
+            raise ValueError(f"signal {name!r} registered twice")
+        REGISTRY[name] = Signal(name, unit, (doc or fn.__doc__ or "").strip(), fn)
+        return fn
+
+    return deco
+
+
+def get(name: str) -> Signal:
+    return REGISTRY[name]
+
+
+def percentile(a: np.ndarray, q: float, min_n: int = 1) -> float:
+    a = a[~np.isnan(a)]
+    if len(a) < min_n:
+        return float("nan")
+    return float(np.percentile(a, q))
+
+
+def ratio(num: float, den: float) -> float:
+    if np.isnan(num) or np.isnan(den) or den <= 0:
+        return float("nan")
+    return float(num / den)
+
+
+def fit(x: np.ndarray, y: np.ndarray, min_n: int = 8) -> tuple[float, float, int]:
+    """Least-squares slope of y on x and the rank (Spearman) correlation, over finite pairs.
+
+    Rank correlation so that a few huge outliers cannot manufacture or hide a trend.
+    """
+    m = np.isfinite(x) & np.isfinite(y)
+    n = int(m.sum())
+    if n < min_n:
+        return float("nan"), float("nan"), n
+    x, y = x[m], y[m]
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return 0.0, 0.0, n
+    slope = float(np.polyfit(x, y, 1)[0])
+    corr = float(np.corrcoef(ranks(x), ranks(y))[0, 1])
+    return slope, corr, n
+
+
+def ranks(a: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share the mean of their positions), as Spearman needs."""
+    _, inverse, counts = np.unique(a, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    return ((ends - (counts - 1) / 2.0)[inverse]).astype(float)

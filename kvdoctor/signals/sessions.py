@@ -1,0 +1,81 @@
+"""Per-conversation growth: does each turn get slower as the history (and its KV) grows?"""
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import fit, signal
+
+MIN_PER_TURN = 3
+
+
+def _turn_medians(w, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Median of `column` per turn number, for turns with enough requests."""
+    turn, v = w.r("turn"), w.r(column)
+    m = np.isfinite(turn) & np.isfinite(v)
+    if m.sum() < 2 * MIN_PER_TURN:
+        return np.array([]), np.array([])
+    turn, v = turn[m].astype(np.int64), v[m]
+    order = np.argsort(turn, kind="stable")
+    turn, v = turn[order], v[order]
+    uniq, starts, counts = np.unique(turn, return_index=True, return_counts=True)
+    keep = counts >= MIN_PER_TURN
+    meds = np.array([np.median(v[s:s + c]) for s, c in zip(starts[keep], counts[keep])])
+    return uniq[keep].astype(float), meds
+
+
+def _growth_per_turn(w, column: str) -> float:
+    """Fitted change per turn of the per-turn median, as a share of the first turn's median."""
+    turns, meds = _turn_medians(w, column)
+    if len(turns) < 4 or meds[0] <= 0:
+        return np.nan
+    slope, _, _ = fit(turns, meds, min_n=4)
+    return slope / meds[0]
+
+
+@signal("turn_max", "turns")
+def turn_max(w):
+    """Deepest conversation turn seen."""
+    t = w.r("turn")
+    return float(np.nanmax(t)) if np.isfinite(t).any() else np.nan
+
+
+@signal("ttft_growth_per_turn_frac", "fraction/turn")
+def ttft_growth(w):
+    """TTFT added per turn, as a share of turn 1's median TTFT."""
+    return _growth_per_turn(w, "ttft_s")
+
+
+@signal("tpot_growth_per_turn_frac", "fraction/turn")
+def tpot_growth(w):
+    """TPOT added per turn, as a share of turn 1's median TPOT."""
+    return _growth_per_turn(w, "tpot_s")
+
+
+@signal("context_tokens_per_turn", "tokens/turn")
+def context_growth(w):
+    """Prompt tokens added per turn (the history the KV cache must hold)."""
+    turns, meds = _turn_medians(w, "prompt_tokens")
+    if len(turns) < 3:
+        return np.nan
+    return fit(turns, meds, min_n=3)[0]
+
+
+@signal("turn_tpot_corr", "rank corr")
+def turn_tpot_corr(w):
+    """Rank correlation of per-turn median TPOT with turn number."""
+    turns, meds = _turn_medians(w, "tpot_s")
+    return fit(turns, meds, min_n=4)[1] if len(turns) >= 4 else np.nan
+
+
+@signal("turn_ttft_corr", "rank corr")
+def turn_ttft_corr(w):
+    """Rank correlation of per-turn median TTFT with turn number."""
+    turns, meds = _turn_medians(w, "ttft_s")
+    return fit(turns, meds, min_n=4)[1] if len(turns) >= 4 else np.nan
+
+
+@signal("sessions", "count")
+def sessions(w):
+    """Distinct conversations with a request in the window."""
+    s = w.prep.session[w.req]
+    return float(len(np.unique(s[s >= 0])))

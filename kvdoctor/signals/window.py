@@ -1,0 +1,234 @@
+"""Windows over a capture: the unit that signals are computed on.
+
+:class:`Prepared` does the per-capture work once (sort by arrival, per-request derived
+columns such as concurrency at arrival and achievable prefix hits); a :class:`Window` is then
+a cheap index range into it, so evaluating hundreds of rolling windows costs little.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..capture.reader import Capture
+from .registry import REGISTRY
+
+#: error texts that mean "no room in the KV cache / context", across engines
+_CONTEXT_ERROR = re.compile(r"context|kv cache|too long|exceed|max_model_len|max_tokens|out of memory|oom", re.I)
+
+REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+                   "itl_p50_s", "itl_p99_s", "itl_max_s", "prompt_tokens", "output_tokens",
+                   "cached_prompt_tokens", "turn", "output_repetition", "http_status")
+
+
+class Prepared:
+    """A capture sorted by time with the per-request columns signals share."""
+
+    def __init__(self, cap: Capture, slo: dict[str, float] | None = None):
+        self.cap = cap
+        self.meta = cap.meta
+        self.slo = dict(slo or {})
+        req = cap.requests
+        t = req.num("arrival_s")
+        if np.all(np.isnan(t)):
+            t = req.num("finish_s")
+        if np.all(np.isnan(t)):  # no times at all (e.g. a benchmark summary): one window, in file order
+            t = np.arange(len(req), dtype=float)
+        order = np.argsort(np.where(np.isnan(t), np.inf, t), kind="stable")
+        self.t = t[order]
+        self.col = {name: req.num(name)[order] for name in REQUEST_COLUMNS}
+        codes, labels = req.codes("session_id")
+        self.session = codes[order]
+        self.session_labels = labels
+        status_codes, status_labels = req.codes("status")
+        status = np.array(status_labels + [""], dtype=object)[status_codes[order]]
+        self.is_error = status != "ok"
+        self.is_rejected = status == "rejected"
+        err_codes, err_labels = req.codes("error")
+        ctx_err = np.array([bool(_CONTEXT_ERROR.search(s or "")) for s in err_labels] + [False])
+        self.is_context_error = ctx_err[err_codes[order]] & self.is_error
+        self.col["context_tokens"] = self.col["prompt_tokens"] + np.nan_to_num(self.col["output_tokens"])
+        self.col["concurrency"] = self._concurrency_at_arrival()
+        self.col["decode_concurrency"] = self._mean_in_flight(self.col["first_token_s"], self.col["finish_s"])
+        self._order = order
+        self.itl = self._itl_lists(req, order)
+        self.gpu_t = cap.gpu.num("time_s")
+        self.host_t = cap.host.num("time_s")
+        self.engine_t = cap.engine.time_s
+        self.events = sorted(cap.events, key=lambda e: e.get("time_s", 0.0))
+        self.event_t = np.array([e.get("time_s", np.nan) for e in self.events], dtype=float)
+        self.config = self._config()
+
+    # -- per-capture derived columns ----------------------------------------------------
+    def _concurrency_at_arrival(self) -> np.ndarray:
+        """Requests in flight when each request arrived (itself included)."""
+        arr = self.t
+        fin = self.col["finish_s"]
+        if np.all(np.isnan(fin)):
+            return np.full(len(arr), np.nan)
+        fin_sorted = np.sort(np.where(np.isnan(fin), np.inf, fin))
+        started = np.searchsorted(arr, arr, side="right")
+        finished = np.searchsorted(fin_sorted, arr, side="right")
+        return (started - finished).astype(float)
+
+    def _mean_in_flight(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Mean number of requests in flight over each interval [a, b]: the integral of the
+        in-flight step function, read off its cumulative area (O(n log n), no loops)."""
+        arr, fin = self.t, self.col["finish_s"]
+        ok = np.isfinite(arr) & np.isfinite(fin)
+        if ok.sum() < 2:
+            return np.full(len(a), np.nan)
+        times = np.concatenate([arr[ok], fin[ok]])
+        delta = np.concatenate([np.ones(ok.sum()), -np.ones(ok.sum())])
+        order = np.argsort(times, kind="stable")
+        times, level = times[order], np.cumsum(delta[order])
+        area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+
+        def area_at(t):
+            i = np.clip(np.searchsorted(times, t, side="right") - 1, 0, len(times) - 1)
+            return area[i] + level[i] * (t - times[i])
+
+        span = b - a
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = (area_at(np.nan_to_num(b)) - area_at(np.nan_to_num(a))) / span
+        out[~(np.isfinite(a) & np.isfinite(b) & (span > 0))] = np.nan
+        return out
+
+    def _achievable_cached(self, req, order: np.ndarray) -> np.ndarray:
+        """Prompt tokens an ideal prefix cache would have served: the leading blocks whose
+        hash an earlier request (in arrival order) already produced. Block ids chain the
+        prefix, so an equal id means an equal prefix up to that block."""
+        n = len(order)
+        lists = req.lists("prefix_block_hashes")
+        if lists is None or n == 0:
+            return np.full(n, np.nan)
+        offsets, values = lists
+        lengths = np.diff(offsets)  # file order
+        vals = values[offsets[0]:offsets[-1]]
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        owner_rank = np.repeat(rank, lengths)
+        inverse = np.unique(vals, return_inverse=True)[1].ravel()
+        first_rank = np.full(int(inverse.max()) + 1 if len(inverse) else 0, np.iinfo(np.int64).max)
+        np.minimum.at(first_rank, inverse, owner_rank)
+        hit = first_rank[inverse] < owner_rank
+        seg_start = np.cumsum(lengths) - lengths
+        pos = np.arange(len(vals)) - np.repeat(seg_start, lengths)
+        miss_pos = np.where(hit, np.iinfo(np.int64).max, pos)
+        lead = np.zeros(n, dtype=np.int64)
+        has = lengths > 0
+        if has.any():
+            lead[has] = np.minimum(np.minimum.reduceat(miss_pos, seg_start[has]), lengths[has])
+        block_tokens = req.num("prefix_block_tokens")
+        cached = lead * block_tokens
+        prompt = req.num("prompt_tokens")
+        cached = np.where(np.isnan(prompt), cached, np.minimum(cached, prompt))
+        cached[~has] = np.nan
+        return cached[order]
+
+    def _itl_lists(self, req, order: np.ndarray):
+        lists = req.lists("itl_s")
+        if lists is None:
+            return None
+        offsets, values = lists
+        return offsets, values, order
+
+    def _config(self) -> dict[str, Any]:
+        cfg = dict(self.meta.config or {})
+        for e in self.events:
+            if e.get("kind") == "config":
+                cfg.update(e.get("detail") or {})
+        return cfg
+
+    def column(self, name: str) -> np.ndarray:
+        col = self.col.get(name)
+        if col is None and name == "achievable_cached_tokens":  # costly: only when a rule asks
+            col = self.col[name] = self._achievable_cached(self.cap.requests, self._order)
+        if col is None:
+            raise KeyError(name)
+        return col
+
+    # -- windows ------------------------------------------------------------------------
+    @property
+    def start_s(self) -> float:
+        cands = [a[np.isfinite(a)].min() for a in (self.t, self.gpu_t, self.host_t, self.engine_t) if np.isfinite(a).any()]
+        return float(min(cands)) if cands else 0.0
+
+    @property
+    def end_s(self) -> float:
+        fin = self.col["finish_s"]
+        cands = [a[np.isfinite(a)].max() for a in (self.t, fin, self.gpu_t, self.host_t, self.engine_t) if np.isfinite(a).any()]
+        return float(max(cands)) if cands else 0.0
+
+    def window(self, t0: float, t1: float) -> "Window":
+        return Window(self, t0, t1)
+
+
+def _range(t: np.ndarray, t0: float, t1: float) -> slice:
+    return slice(int(np.searchsorted(t, t0, side="left")), int(np.searchsorted(t, t1, side="right")))
+
+
+class Window:
+    """Requests that arrived in [t0, t1] and samples taken in it; signal values are memoised."""
+
+    def __init__(self, prep: Prepared, t0: float, t1: float):
+        self.prep = prep
+        self.t0, self.t1 = t0, t1
+        self.req = _range(prep.t, t0, t1)
+        self.gpu = _range(prep.gpu_t, t0, t1) if _sorted(prep.gpu_t) else None
+        self.host = _range(prep.host_t, t0, t1) if _sorted(prep.host_t) else None
+        self.eng = _range(prep.engine_t, t0, t1)
+        self.ev = _range(prep.event_t, t0, t1)
+        self._memo: dict[str, float] = {}
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.t1 - self.t0, 0.0)
+
+    @property
+    def n_requests(self) -> int:
+        return self.req.stop - self.req.start
+
+    def r(self, name: str) -> np.ndarray:
+        """A request column within the window (a view, not a copy)."""
+        return self.prep.column(name)[self.req]
+
+    def gpu_col(self, name: str) -> np.ndarray:
+        arr = self.prep.cap.gpu.num(name)
+        return arr[self.gpu] if self.gpu is not None else arr[(self.prep.gpu_t >= self.t0) & (self.prep.gpu_t <= self.t1)]
+
+    def host_col(self, name: str) -> np.ndarray:
+        arr = self.prep.cap.host.num(name)
+        return arr[self.host] if self.host is not None else arr[(self.prep.host_t >= self.t0) & (self.prep.host_t <= self.t1)]
+
+    def engine(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        v = self.prep.cap.engine.get(name)
+        if v is None:
+            return self.prep.engine_t[:0], np.array([])
+        return self.prep.engine_t[self.eng], v[self.eng]
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        evs = self.prep.events[self.ev]
+        return [e for e in evs if kind is None or e.get("kind") == kind]
+
+    def itl_values(self) -> np.ndarray:
+        if self.prep.itl is None:
+            return np.array([])
+        offsets, values, order = self.prep.itl
+        rows = order[self.req]
+        if len(rows) == 0:
+            return np.array([])
+        return np.concatenate([values[offsets[i]:offsets[i + 1]] for i in rows])
+
+    def value(self, name: str) -> float:
+        v = self._memo.get(name)
+        if v is None:
+            v = REGISTRY[name].fn(self)
+            v = float("nan") if v is None else float(v)
+            self._memo[name] = v
+        return v
+
+
+def _sorted(a: np.ndarray) -> bool:
+    return len(a) < 2 or bool(np.all(a[1:] >= a[:-1]))
