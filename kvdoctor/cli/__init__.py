@@ -2,7 +2,7 @@
 exposes a click command named ``command``; they are found here, so adding one is adding a file.
 
 Errors the user can act on (bad input, bad rules) print one line and exit with a stable code:
-1 general, 2 bad input, 3 bad rule file. No traceback unless KVDOCTOR_DEBUG=1.
+1 general, 2 bad input, 3 bad rule file, 70 internal error. No traceback unless KVDOCTOR_DEBUG=1.
 """
 from __future__ import annotations
 
@@ -26,6 +26,15 @@ class _Group(click.Group):
                 raise
             click.echo(f"kvdoctor: error: {e}", err=True)
             sys.exit(e.exit_code)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit,
+                KeyboardInterrupt):
+            raise
+        except Exception as e:  # a bug: still one line, with the way to the traceback
+            if os.environ.get("KVDOCTOR_DEBUG"):
+                raise
+            click.echo(f"kvdoctor: internal error: {type(e).__name__}: {e} (KVDOCTOR_DEBUG=1 shows the traceback; "
+                       "please report it)", err=True)
+            sys.exit(70)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from ..capture import Capture
 from ..errors import InputError
 from ..signals import REGISTRY, Prepared
@@ -61,8 +63,8 @@ class Diagnosis:
                 "requests": len(self.capture.requests),
                 "start": self.time_label(self.start_s),
                 "end": self.time_label(self.end_s),
-                "start_s": self.start_s,
-                "end_s": self.end_s,
+                "start_s": _num(self.start_s),
+                "end_s": _num(self.end_s),
                 "engine": meta.engine,
                 "model": meta.model,
                 "sources": {k: {"ok": v.ok, "detail": v.detail} for k, v in meta.sources.items()},
@@ -79,8 +81,8 @@ class Diagnosis:
             "title": inc.causes[0].rule.title,
             "start": self.time_label(inc.start_s),
             "end": self.time_label(inc.end_s),
-            "start_s": inc.start_s,
-            "end_s": inc.end_s,
+            "start_s": _num(inc.start_s),
+            "end_s": _num(inc.end_s),
             "impact": {k: _num(v) for k, v in inc.impact.items()},
             "causes": [
                 {
@@ -98,7 +100,8 @@ class Diagnosis:
 
 
 def _num(v: Any) -> Any:
-    if isinstance(v, float):
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
         return None if math.isnan(v) or math.isinf(v) else round(v, 6)
     return v
 

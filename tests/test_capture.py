@@ -1,0 +1,125 @@
+"""Capture format: round trip, crash safety (a real SIGKILL mid-write), torn lines, rotation."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import kvdoctor
+from kvdoctor.capture import CaptureWriter
+from kvdoctor.errors import InputError
+from kvdoctor.model import CaptureMeta, EngineSample, Event, GpuSample, RequestRecord, derive_request
+
+
+def test_round_trip_and_derivation(tmp_path):
+    with CaptureWriter(tmp_path / "c", CaptureMeta(engine="vllm", model="m")) as w:
+        w.write(RequestRecord(request_id="a", arrival_s=10.0, first_token_s=10.25, finish_s=12.25, output_tokens=21))
+        w.write(RequestRecord(request_id="b", arrival_s=11.0, ttft_s=0.5, e2e_s=1.5, output_tokens=11, error="boom"))
+        w.write(GpuSample(time_s=10.5, gpu_index=0, mem_used_bytes=5, mem_total_bytes=10))
+        w.write(EngineSample(time_s=10.5, engine="vllm", values={"kv_usage_frac": 0.5},
+                             histograms={"ttft_seconds": {"le": [0.1, 1.0], "cum": [1, 2], "sum": 0.6, "count": 2}}))
+        w.write(Event(time_s=11.0, kind="server-restart"))
+    cap = kvdoctor.load(tmp_path / "c")
+    assert cap.meta.engine == "vllm" and cap.warnings == []
+    np.testing.assert_allclose(cap.requests.num("ttft_s"), [0.25, 0.5])
+    np.testing.assert_allclose(cap.requests.num("e2e_s"), [2.25, 1.5])
+    # TPOT = decode time / (output_tokens - 1)
+    np.testing.assert_allclose(cap.requests.num("tpot_s"), [2.0 / 20, 1.0 / 10])
+    np.testing.assert_allclose(cap.requests.num("finish_s"), [12.25, 12.5])
+    assert cap.requests.strings("status") == ["ok", "error"]
+    assert cap.gpu.num("mem_used_bytes").tolist() == [5.0]
+    assert cap.engine.values["kv_usage_frac"].tolist() == [0.5]
+    assert cap.events[0]["kind"] == "server-restart"
+
+
+def test_derive_request_never_overwrites():
+    r = derive_request(RequestRecord(request_id="x", arrival_s=0, first_token_s=1, ttft_s=0.7, itl_s=[0.1, 0.3]))
+    assert r.ttft_s == 0.7 and r.itl_max_s == 0.3 and r.tpot_s == pytest.approx(0.2)
+
+
+def test_no_text_stored_by_default(tmp_path):
+    with CaptureWriter(tmp_path / "c") as w:
+        w.write(RequestRecord(request_id="a", prompt_tokens=3))
+    raw = (tmp_path / "c" / "requests-000001.jsonl").read_text()
+    assert "prompt_text" not in raw and json.loads((tmp_path / "c" / "meta.json").read_text())["text_stored"] is False
+
+
+def test_sigkill_mid_write_leaves_every_complete_record(tmp_path):
+    """A real writer process is killed with SIGKILL while writing as fast as it can."""
+    folder = tmp_path / "c"
+    code = textwrap.dedent(f"""
+        import sys
+        from kvdoctor.capture import CaptureWriter
+        from kvdoctor.model import RequestRecord
+        w = CaptureWriter({str(folder)!r}, segment_bytes=1 << 16)
+        i = 0
+        while True:
+            w.write(RequestRecord(request_id=str(i), arrival_s=float(i), ttft_s=0.1, itl_s=[0.01] * 50))
+            i += 1
+            if i == 2000:
+                print("ready", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    cap = kvdoctor.load(folder)
+    n = len(cap.requests)
+    assert n >= 2000
+    ids = [int(x) for x in cap.requests.strings("request_id")]
+    assert sorted(ids) == list(range(n)), "records lost or duplicated"
+    assert len(list(folder.glob("requests-*.jsonl"))) > 1, "expected rotation to several segments"
+    for w in cap.warnings:
+        assert "torn last line" in w
+
+
+def test_torn_last_line_is_reported_not_fatal(tmp_path):
+    with CaptureWriter(tmp_path / "c") as w:
+        w.write(RequestRecord(request_id="a", ttft_s=0.1))
+    with open(tmp_path / "c" / "requests-000001.jsonl", "ab") as f:
+        f.write(b'{"request_id": "b", "ttft')
+    cap = kvdoctor.load(tmp_path / "c")
+    assert len(cap.requests) == 1
+    assert "line 2: torn last line" in cap.warnings[0]
+
+
+def test_bad_line_in_the_middle_names_file_and_line(tmp_path):
+    with CaptureWriter(tmp_path / "c") as w:
+        w.write(RequestRecord(request_id="a"))
+    seg = tmp_path / "c" / "requests-000001.jsonl"
+    seg.write_bytes(seg.read_bytes() + b"not json\n" + b'{"request_id": "c"}\n')
+    with pytest.raises(InputError, match=r"requests-000001.jsonl: line 2: not valid JSON"):
+        kvdoctor.load(tmp_path / "c")
+
+
+def test_budget_drops_oldest_segments(tmp_path):
+    w = CaptureWriter(tmp_path / "c", segment_bytes=4096, max_bytes=20_000)
+    for i in range(2000):
+        w.write(RequestRecord(request_id=str(i), arrival_s=float(i)))
+    w.close()
+    total = sum(p.stat().st_size for p in (tmp_path / "c").glob("*.jsonl"))
+    assert total <= 20_000 + 4096
+    ids = [int(x) for x in kvdoctor.load(tmp_path / "c").requests.strings("request_id")]
+    assert ids[-1] == 1999 and ids[0] > 0  # newest kept, oldest dropped
+
+
+def test_not_a_capture(tmp_path):
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(InputError, match="a capture is a folder"):
+        kvdoctor.load(tmp_path / "x.json")
+    with pytest.raises(InputError, match="no such capture"):
+        kvdoctor.load(tmp_path / "missing")
+
+
+def test_time_slice(tmp_path):
+    with CaptureWriter(tmp_path / "c") as w:
+        for i in range(10):
+            w.write(RequestRecord(request_id=str(i), arrival_s=100.0 + i, ttft_s=0.1))
+    cap = kvdoctor.load(tmp_path / "c", since_s=103, until_s=105)
+    assert cap.requests.num("arrival_s").tolist() == [103.0, 104.0, 105.0]

@@ -1,0 +1,117 @@
+"""Rules as data: schema checks with located errors, safe conditions, every shipped rule's cases."""
+import math
+import shutil
+
+import pytest
+import yaml
+
+from kvdoctor.diagnosis import conditions as C
+from kvdoctor.diagnosis.rules import builtin_rules_dir, load_rule, load_rules, parse_overrides
+from kvdoctor.errors import RuleError
+from kvdoctor.signals import REGISTRY
+
+REQUIRED_IDS = {"prefill-bound", "decode-bandwidth-bound", "kv-growth-per-turn", "kv-oom", "kv-quant-quality",
+                "tail-latency", "unsafe-concurrency", "prompt-length-tail", "prefix-cache-ineffective",
+                "kv-pressure-preemption", "long-prompt-hol-blocking", "queueing-saturation", "kv-fragmentation",
+                "gpu-memory-leak", "error-burst"}
+
+
+def test_catalog_covers_required_ids_and_every_rule_has_cases():
+    rules = load_rules()
+    assert REQUIRED_IDS <= {r.id for r in rules}
+    for r in rules:
+        assert r.tests_fire and r.tests_no_fire, r.id
+        assert all(k in ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "any") for f in r.fixes for k in f.knobs)
+
+
+def _rule_file(tmp_path, mutate):
+    src = builtin_rules_dir() / "prefill-bound.yaml"
+    data = yaml.safe_load(src.read_text())
+    mutate(data)
+    d = tmp_path / "rules"
+    d.mkdir(exist_ok=True)
+    p = d / f"{data.get('id', 'prefill-bound')}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_unknown_signal_names_file_rule_and_path(tmp_path):
+    p = _rule_file(tmp_path, lambda d: d["symptom"]["when"]["all"].__setitem__(0, "ttft_prompt_corelation >= 0.5"))
+    with pytest.raises(RuleError) as e:
+        load_rule(p)
+    msg = str(e.value)
+    assert str(p) in msg and "rule prefill-bound" in msg and "symptom.when.all[0]" in msg
+    assert "unknown signal 'ttft_prompt_corelation'" in msg
+
+
+def test_schema_error_names_field(tmp_path):
+    p = _rule_file(tmp_path, lambda d: d.__setitem__("severity", "urgent"))
+    with pytest.raises(RuleError, match=r"rule prefill-bound: severity: 'urgent' is not one of"):
+        load_rule(p)
+
+
+def test_unparseable_condition(tmp_path):
+    p = _rule_file(tmp_path, lambda d: d["causes"][0].__setitem__("when", "__import__('os').system('true')"))
+    with pytest.raises(RuleError, match=r"causes\[0\]\.when: cannot read condition"):
+        load_rule(p)
+
+
+def test_yaml_cannot_build_objects(tmp_path):
+    p = tmp_path / "evil.yaml"
+    p.write_text("id: !!python/object/apply:os.system ['touch pwned']\n")
+    with pytest.raises(RuleError, match="not valid YAML"):
+        load_rule(p)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_id_must_match_file_name(tmp_path):
+    p = _rule_file(tmp_path, lambda d: None)
+    p2 = p.with_name("other.yaml")
+    shutil.move(p, p2)
+    with pytest.raises(RuleError, match="must match the file name"):
+        load_rule(p2)
+
+
+def test_user_rules_folder_overrides_and_params(tmp_path):
+    _rule_file(tmp_path, lambda d: d.__setitem__("title", "My own prefill rule"))
+    rules = {r.id: r for r in load_rules([tmp_path / "rules"], parse_overrides(["prefill-bound.min_corr=0.9"]))}
+    assert rules["prefill-bound"].title == "My own prefill rule"
+    assert rules["prefill-bound"].params["min_corr"] == 0.9
+    with pytest.raises(RuleError, match="no such parameter"):
+        load_rules(overrides=parse_overrides(["prefill-bound.nope=1"]))
+    with pytest.raises(RuleError, match="expected RULE.PARAM=NUMBER"):
+        parse_overrides(["prefill-bound.min_corr"])
+
+
+def test_conditions_evaluate_and_unknown_is_false():
+    known = set(REGISTRY)
+    cond = C.parse({"all": ["ttft_p99_s > 2 * ttft_p50_s", {"not": "errors >= 1"}]}, "x", known, {})
+    vals = {"ttft_p99_s": 5.0, "ttft_p50_s": 2.0, "errors": 0.0}
+    assert C.evaluate(cond, vals.__getitem__, {}, {})
+    vals["ttft_p99_s"] = 3.0
+    assert not C.evaluate(cond, vals.__getitem__, {}, {})
+    nan_cond = C.parse("ttft_p99_s > 1", "x", known, {})
+    assert not C.evaluate(nan_cond, lambda n: math.nan, {}, {})
+    slo_cond = C.parse("ttft_p99_s > slo.ttft_p99_s", "x", known, {})
+    assert not C.evaluate(slo_cond, lambda n: 9.0, {}, {})  # no SLO given: never fires
+    assert C.evaluate(slo_cond, lambda n: 9.0, {"ttft_p99_s": 2.0}, {})
+
+
+def test_every_signal_documented_with_unit():
+    for s in REGISTRY.values():
+        assert s.unit and s.doc, s.name
+
+
+def test_rules_test_command_passes(run_cli):
+    """Every shipped rule fires on its must-fire captures and not on its must-not-fire ones."""
+    r = run_cli("rules", "test", "-v")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " 0 failed" in r.stdout
+
+
+def test_bad_rule_folder_is_exit_3_one_line(run_cli, tmp_path):
+    _rule_file(tmp_path, lambda d: d.__setitem__("for", "soon"))
+    r = run_cli("rules", "list", "--rules", tmp_path / "rules")
+    assert r.returncode == 3
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "rule prefill-bound: for:" in r.stderr
