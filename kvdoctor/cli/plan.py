@@ -1,0 +1,87 @@
+"""`kvdoctor plan`: KV-cache capacity planning."""
+from __future__ import annotations
+
+import dataclasses
+
+import click
+import orjson
+
+from ..errors import InputError
+
+
+@click.command("plan")
+@click.option("--model", "model", metavar="CONFIG_OR_NAME",
+              help="A Hugging Face config.json (or its folder), or a built-in model name.")
+@click.option("--max-len", type=int, metavar="N", help="Planned tokens per request (prompt + output).")
+@click.option("--concurrency", type=int, metavar="C", help="Concurrent requests you intend to run.")
+@click.option("--gpu-mem", metavar="SIZE|GPU", help="Memory per GPU: 80GiB, 80GB, or a GPU name (H100, "
+              "A100-80GB, L4...). Default: read through NVML when a GPU is present.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--kv-dtype", default=None, metavar="DTYPE",
+              help="fp32|fp16|bf16|fp8|int8|int4. Default: the model's dtype.")
+@click.option("--mem-util", type=click.FloatRange(0.01, 1.0), default=0.9, show_default=True,
+              help="Share of GPU memory the engine may use (vLLM gpu_memory_utilization, "
+                   "SGLang mem_fraction_static).")
+@click.option("--weights", metavar="SIZE", help="Weight bytes of the whole model (default: parameters x dtype).")
+@click.option("--params", metavar="COUNT", help="Parameter count, e.g. 8B (overrides the table/estimate).")
+@click.option("--reserve", metavar="SIZE", default="2GiB", show_default=True,
+              help="Per GPU: activation peak plus non-torch memory (CUDA context, NCCL, CUDA graphs).")
+@click.option("--kv-mem", metavar="SIZE", help="KV cache memory per GPU as the engine logged it; "
+              "replaces the GPU arithmetic.")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Tokens per KV block (page); sequences are rounded up to whole blocks.")
+@click.option("--headroom", type=click.FloatRange(0.0, 0.95), default=0.2, show_default=True,
+              help="Share of the cache kept free when computing the safe concurrency.")
+@click.option("--from-capture", "capture", metavar="CAPTURE",
+              help="Also size for the P95/P99 prompt+output length of this capture.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--list-models", is_flag=True, help="List the built-in models and GPUs, then exit.")
+def command(model, max_len, concurrency, gpu_mem, tp, kv_dtype, mem_util, weights, params, reserve, kv_mem,
+            block_size, headroom, capture, fmt, list_models) -> None:
+    """How many concurrent requests at a given context fit on this GPU, with the arithmetic.
+
+    \b
+    Examples:
+      kvdoctor plan --model Llama-3.1-8B --max-len 32768 --gpu-mem H100
+      kvdoctor plan --model ./Qwen3-32B/config.json --max-len 8192 --gpu-mem 80GiB --tp 2 --kv-dtype fp8
+      kvdoctor plan --model Llama-3.1-70B --max-len 131072 --gpu-mem H200 --tp 4 --concurrency 16
+      kvdoctor plan --model Qwen3-14B --max-len 32768 --kv-mem 6.51GiB      # check an engine's log
+      kvdoctor plan --model Llama-3.1-8B --max-len 8192 --gpu-mem L4 --from-capture cap/ --format json
+    """
+    from ..plan import kvmodel as km
+    from ..plan.models import GPUS, model_names, parse_bytes, parse_count, resolve_model
+    from ..plan.planner import PlanInputs, capture_lengths, plan, render_text, resolve_gpu
+
+    if list_models:
+        click.echo("models: " + ", ".join(model_names()))
+        click.echo("gpus:   " + ", ".join(GPUS))
+        return
+    if not model:
+        raise InputError("--model: required; give a config.json path or a built-in name (see --list-models)")
+    if not max_len or max_len <= 0:
+        raise InputError("--max-len: required; expected a positive number of tokens, e.g. --max-len 32768")
+    spec = resolve_model(model)
+    if params:
+        spec = dataclasses.replace(spec, params=parse_count(params, "--params"), weight_bytes=None)
+    dtype = km.kv_dtype(kv_dtype or ("fp16" if spec.weight_dtype == "fp16" else "bf16"))
+    gpu = resolve_gpu(gpu_mem)
+    budget = None
+    if gpu or kv_mem:
+        from ..plan.planner import weight_bytes
+        name, mem = gpu if gpu else (None, 0.0)
+        wbytes = parse_bytes(weights, "--weights") if weights else (weight_bytes(spec) if not kv_mem else 0.0)
+        budget = km.GpuBudget(gpu_mem_bytes=mem, tp=tp, mem_util_frac=mem_util, weight_bytes=wbytes,
+                              reserve_bytes=parse_bytes(reserve, "--reserve"),
+                              kv_mem_override_bytes=parse_bytes(kv_mem, "--kv-mem") if kv_mem else None)
+        if budget.kv_budget_bytes_per_gpu <= 0:
+            raise InputError(f"--gpu-mem: {name or gpu_mem} leaves no room for the KV cache "
+                             f"({mem / 2**30:.1f} GiB x {mem_util:g} minus {wbytes / tp / 2**30:.1f} GiB weights per "
+                             f"GPU minus the reserve); raise --tp, --mem-util or lower --reserve")
+    inputs = PlanInputs(spec=spec, max_len_tokens=max_len, kv_dtype=dtype, budget=budget,
+                        gpu_name=gpu[0] if gpu else None, block_size_tokens=block_size, concurrency=concurrency,
+                        headroom_frac=headroom, capture=capture_lengths(capture) if capture else None)
+    result = plan(inputs)
+    if fmt == "json":
+        click.echo(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(render_text(result))

@@ -1,0 +1,132 @@
+"""Live KV forecasts for attach mode: when the cache will be full at the current growth rate,
+and whether the configured concurrency can fit at the observed P99 request length.
+
+The growth rate is the Theil-Sen slope (median of pairwise slopes) over a recent window, so a
+burst of admissions or a sudden drain does not swing the forecast the way a least-squares fit
+would.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: pairwise slopes are O(n^2); longer windows are thinned evenly to this many samples
+_MAX_POINTS = 300
+
+
+def robust_slope(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(slope, intercept) by Theil-Sen; intercept is the median of y - slope*t."""
+    if len(t) > _MAX_POINTS:
+        idx = np.linspace(0, len(t) - 1, _MAX_POINTS).round().astype(int)
+        t, y = t[idx], y[idx]
+    i, j = np.triu_indices(len(t), k=1)
+    dt = t[j] - t[i]
+    ok = dt > 0
+    if not ok.any():
+        return 0.0, float(np.median(y))
+    slope = float(np.median((y[j] - y[i])[ok] / dt[ok]))
+    return slope, float(np.median(y - slope * t))
+
+
+def forecast_kv_full(times_s, usage_frac, *, window_s: float = 600.0, full_frac: float = 1.0,
+                     min_points: int = 4, min_slope_per_s: float = 1e-6) -> float | None:
+    """Minutes until KV usage reaches ``full_frac`` at the recent growth rate, or None when it is
+    not growing (or there are too few samples in the last ``window_s`` seconds). 0.0 when full.
+
+    ``usage_frac`` is the engine's KV cache usage as a fraction 0..1 (vLLM kv_cache_usage_perc,
+    SGLang token_usage); NaN samples are ignored.
+    """
+    t = np.asarray(times_s, dtype=float)
+    u = np.asarray(usage_frac, dtype=float)
+    if t.shape != u.shape:
+        raise ValueError(f"times_s and usage_frac differ in length ({t.size} vs {u.size})")
+    keep = np.isfinite(t) & np.isfinite(u)
+    t, u = t[keep], u[keep]
+    if not len(t):
+        return None
+    order = np.argsort(t, kind="stable")
+    t, u = t[order], u[order]
+    recent = t >= t[-1] - window_s
+    t, u = t[recent], u[recent]
+    if u[-1] >= full_frac:
+        return 0.0
+    if len(t) < min_points:
+        return None
+    slope, intercept = robust_slope(t - t[0], u)
+    if slope <= min_slope_per_s:
+        return None
+    now = max(intercept + slope * (t[-1] - t[0]), float(u[-1]))
+    return max(0.0, (full_frac - now) / slope / 60.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyCheck:
+    """Truthy when unsafe: ``max_concurrency`` sequences of ``p99_len_tokens`` need more than the
+    cache holds once ``headroom_frac`` of it is kept free."""
+
+    unsafe: bool
+    max_concurrency: int
+    p99_len_tokens: float
+    capacity_tokens: float
+    needed_tokens: float
+    usable_tokens: float
+    safe_concurrency: int
+
+    def __bool__(self) -> bool:
+        return self.unsafe
+
+    def message(self) -> str:
+        verdict = "cannot fit" if self.unsafe else "fits"
+        return (f"configured concurrency {self.max_concurrency} at P99 {self.p99_len_tokens:,.0f} tokens needs "
+                f"{self.needed_tokens:,.0f} KV tokens; {self.usable_tokens:,.0f} of {self.capacity_tokens:,.0f} "
+                f"usable with headroom: {verdict} (safe: {self.safe_concurrency})")
+
+
+def unsafe_concurrency(max_concurrency: int, p99_len_tokens: float, capacity_tokens: float,
+                       headroom: float = 0.2) -> ConcurrencyCheck:
+    """Whether the configured maximum concurrency fits at the observed P99 length."""
+    usable = capacity_tokens * (1 - headroom)
+    needed = max_concurrency * p99_len_tokens
+    safe = int(math.floor(usable / p99_len_tokens + 1e-9)) if p99_len_tokens > 0 else 0
+    return ConcurrencyCheck(unsafe=needed > usable, max_concurrency=int(max_concurrency),
+                            p99_len_tokens=float(p99_len_tokens), capacity_tokens=float(capacity_tokens),
+                            needed_tokens=float(needed), usable_tokens=float(usable), safe_concurrency=safe)
+
+
+def kv_warnings(times_s, usage_frac, *, warn_within_min: float = 30.0, preempts: bool = True,
+                max_concurrency: int | None = None, p99_len_tokens: float | None = None,
+                capacity_tokens: float | None = None, headroom: float = 0.2) -> list[dict]:
+    """The live warnings attach mode raises from the same model: an early kv-pressure-preemption
+    (engines that preempt, e.g. vLLM, SGLang) or kv-oom (engines that fail) when the cache will be
+    full within ``warn_within_min``, and unsafe-concurrency when the configured maximum cannot fit."""
+    out = []
+    minutes = forecast_kv_full(times_s, usage_frac)
+    if minutes is not None and minutes <= warn_within_min:
+        out.append({"kind": "kv-pressure-preemption" if preempts else "kv-oom", "minutes_to_full": minutes,
+                    "message": f"KV cache full in ~{max(1, round(minutes))} min at this rate"})
+    if max_concurrency and p99_len_tokens and capacity_tokens:
+        check = unsafe_concurrency(max_concurrency, p99_len_tokens, capacity_tokens, headroom)
+        if check:
+            out.append({"kind": "unsafe-concurrency", "message": check.message(), **dataclasses.asdict(check)})
+    return out
+
+
+def capture_kv_warnings(cap, *, preempts: bool = True, headroom: float = 0.2) -> list[dict]:
+    """kv_warnings on a loaded capture: neutral engine series ``kv_usage_frac``, capacity
+    ``kv_capacity_tokens`` and ``max_running_requests`` from its config, P99 of prompt+output."""
+    usage = cap.engine.get("kv_usage_frac")
+    conf = cap.meta.config or {}
+    maxc = next((conf[k] for k in ("max_running_requests", "max_num_seqs") if conf.get(k)), None)
+    capacity = conf.get("kv_capacity_tokens")
+    if capacity is None and cap.engine.get("kv_capacity_tokens") is not None:
+        vals = cap.engine.get("kv_capacity_tokens")
+        capacity = float(np.nanmax(vals)) if np.isfinite(vals).any() else None
+    lengths = cap.requests.num("prompt_tokens") + np.nan_to_num(cap.requests.num("output_tokens"))
+    lengths = lengths[np.isfinite(lengths) & (lengths > 0)]
+    p99 = float(np.percentile(lengths, 99)) if len(lengths) else None
+    return kv_warnings(cap.engine.time_s if usage is not None else [], usage if usage is not None else [],
+                       preempts=preempts, max_concurrency=maxc, p99_len_tokens=p99,
+                       capacity_tokens=capacity, headroom=headroom)
