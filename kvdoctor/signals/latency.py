@@ -90,14 +90,13 @@ def prompt_spread(w):
 @signal("ttft_prompt_slope_ms_per_1k_tokens", "ms/1k tokens")
 def ttft_slope(w):
     """Extra TTFT per 1,000 prompt tokens (least squares): the prefill cost."""
-    slope, _, _ = fit(w.r("prompt_tokens"), w.r("ttft_s"))
-    return slope * 1e6
+    return w.fit("prompt_tokens", "ttft_s")[0] * 1e6
 
 
 @signal("ttft_prompt_corr", "rank corr")
 def ttft_corr(w):
     """Rank correlation of TTFT with prompt length (1 = TTFT rises with every longer prompt)."""
-    return fit(w.r("prompt_tokens"), w.r("ttft_s"))[1]
+    return w.fit("prompt_tokens", "ttft_s")[1]
 
 
 @signal("ttft_long_over_short", "ratio")
@@ -130,20 +129,20 @@ def _split_by(w, key: str, value: str) -> float:
 @signal("tpot_context_slope_ms_per_1k_tokens", "ms/1k tokens")
 def tpot_ctx_slope(w):
     """Extra TPOT per 1,000 tokens of context: decode reading a longer KV cache."""
-    return fit(w.r("context_tokens"), w.r("tpot_s"))[0] * 1e6
+    return w.fit("context_tokens", "tpot_s")[0] * 1e6
 
 
 @signal("tpot_context_corr", "rank corr")
 def tpot_ctx_corr(w):
     """Rank correlation of TPOT with context length."""
-    return fit(w.r("context_tokens"), w.r("tpot_s"))[1]
+    return w.fit("context_tokens", "tpot_s")[1]
 
 
 @signal("tpot_concurrency_corr", "rank corr")
 def tpot_conc_corr(w):
     """Rank correlation of TPOT with the mean requests in flight while it decoded: decode
     steps share memory bandwidth among the sequences in the batch."""
-    return fit(w.r("decode_concurrency"), w.r("tpot_s"))[1]
+    return w.fit("decode_concurrency", "tpot_s")[1]
 
 
 @signal("tpot_high_over_low_concurrency", "ratio")
@@ -181,7 +180,7 @@ def queue_share(w):
 @signal("queued_frac", "fraction")
 def queued_frac(w):
     """Share of requests that arrived when every slot was busy (in flight > configured slots)."""
-    slots = w.prep.config.get("max_concurrency") or w.prep.config.get("parallel")
+    slots = w.prep.config.get("max_running_requests") or w.prep.config.get("parallel")
     c = w.r("concurrency")
     if not slots or not np.isfinite(c).any():
         return np.nan

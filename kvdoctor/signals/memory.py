@@ -134,7 +134,7 @@ def _config_number(w, *keys: str) -> float:
 @signal("context_limit_tokens", "tokens")
 def context_limit(w):
     """Longest sequence the server accepts (per slot for llama.cpp, max_model_len for vLLM)."""
-    return _config_number(w, "context_limit_tokens", "n_ctx_slot", "max_model_len", "context_length", "n_ctx")
+    return _config_number(w, "context_len_tokens", "max_model_len", "context_length", "n_ctx")
 
 
 @signal("kv_capacity_tokens", "tokens")
@@ -143,17 +143,16 @@ def kv_capacity(w):
     llama.cpp total n_ctx)."""
     cap = _config_number(w, "kv_capacity_tokens", "max_total_num_tokens")
     if np.isnan(cap):
-        blocks, size = _config_number(w, "num_gpu_blocks"), _config_number(w, "block_size")
-        cap = blocks * size
-    if np.isnan(cap):
-        cap = _config_number(w, "n_ctx")
+        cap = _config_number(w, "kv_num_gpu_blocks", "num_gpu_blocks") * _config_number(w, "kv_block_size_tokens", "block_size")
+    if np.isnan(cap):  # llama.cpp: each slot holds its own context_len tokens
+        cap = _config_number(w, "context_len_tokens") * _config_number(w, "max_running_requests", "parallel")
     return cap
 
 
 @signal("max_concurrency_configured", "requests")
 def max_conc(w):
     """Most sequences the server will run at once (max_num_seqs, --parallel, ...)."""
-    return _config_number(w, "max_concurrency", "max_num_seqs", "parallel", "max_running_requests", "total_slots")
+    return _config_number(w, "max_running_requests", "max_num_seqs", "parallel", "total_slots")
 
 
 @signal("sequence_p99_tokens", "tokens")
@@ -191,7 +190,7 @@ def kv_frag(w):
 def kv_quantised(w):
     """1 when the KV cache is stored below 16 bits (fp8, int8, q4_0, ...), 0 when not, NaN unknown."""
     cfg = w.prep.config
-    vals = [str(cfg[k]).lower() for k in ("cache_dtype", "kv_cache_dtype", "cache_type_k", "cache_type_v") if cfg.get(k)]
+    vals = [str(cfg[k]).lower() for k in ("kv_cache_dtype", "cache_dtype", "cache_type_k", "cache_type_v") if cfg.get(k)]
     if not vals:
         return np.nan
     return float(any(any(q in v for q in QUANTISED_KV) for v in vals))

@@ -52,6 +52,11 @@ def ratio(num: float, den: float) -> float:
     return float(num / den)
 
 
+#: above this many pairs, fit() uses an even subsample: a rank correlation's standard error at
+#: 4,096 pairs is ~0.016, far below any rule threshold, and the cost stops growing with traffic
+FIT_MAX_POINTS = 4096
+
+
 def fit(x: np.ndarray, y: np.ndarray, min_n: int = 8) -> tuple[float, float, int]:
     """Least-squares slope of y on x and the rank (Spearman) correlation, over finite pairs.
 
@@ -62,9 +67,13 @@ def fit(x: np.ndarray, y: np.ndarray, min_n: int = 8) -> tuple[float, float, int
     if n < min_n:
         return float("nan"), float("nan"), n
     x, y = x[m], y[m]
+    if n > FIT_MAX_POINTS:
+        idx = np.linspace(0, n - 1, FIT_MAX_POINTS).astype(np.int64)
+        x, y = x[idx], y[idx]
     if np.ptp(x) == 0 or np.ptp(y) == 0:
         return 0.0, 0.0, n
-    slope = float(np.polyfit(x, y, 1)[0])
+    xm = x - x.mean()
+    slope = float((xm * (y - y.mean())).sum() / (xm * xm).sum())
     corr = float(np.corrcoef(ranks(x), ranks(y))[0, 1])
     return slope, corr, n
 

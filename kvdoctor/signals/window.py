@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..capture.reader import Capture
-from .registry import REGISTRY
+from .registry import REGISTRY, fit
 
 #: error texts that mean "no room in the KV cache / context", across engines
 _CONTEXT_ERROR = re.compile(r"context|kv cache|too long|exceed|max_model_len|max_tokens|out of memory|oom", re.I)
@@ -181,6 +181,7 @@ class Window:
         self.eng = _range(prep.engine_t, t0, t1)
         self.ev = _range(prep.event_t, t0, t1)
         self._memo: dict[str, float] = {}
+        self._fits: dict[str, tuple[float, float, int]] = {}
 
     @property
     def duration_s(self) -> float:
@@ -220,6 +221,14 @@ class Window:
         if len(rows) == 0:
             return np.array([])
         return np.concatenate([values[offsets[i]:offsets[i + 1]] for i in rows])
+
+    def fit(self, x: str, y: str) -> tuple[float, float, int]:
+        """fit() of two request columns, memoised (slope and correlation signals share it)."""
+        key = f"fit:{x}:{y}"
+        hit = self._fits.get(key)
+        if hit is None:
+            hit = self._fits[key] = fit(self.r(x), self.r(y))
+        return hit
 
     def value(self, name: str) -> float:
         v = self._memo.get(name)

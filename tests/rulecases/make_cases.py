@@ -53,7 +53,7 @@ def healthy():
                      mem_util_frac=0.3 + 0.05 * np.sin(t / 30)) for t in range(0, 400, 2)]
     eng = [EngineSample(time_s=T0 + t, engine="vllm", values={"kv_usage_frac": 0.2, "preemptions_total": 0.0,
                                                               "requests_waiting": 0.0}) for t in range(0, 400, 5)]
-    write("healthy", recs, meta(parallel=4, n_ctx=32768, n_ctx_slot=8192, cache_type_k="f16"), gpu + eng)
+    write("healthy", recs, meta(max_running_requests=4, context_len_tokens=8192, cache_type_k="f16"), gpu + eng)
 
 
 def long_prompts():
@@ -63,7 +63,7 @@ def long_prompts():
     prompt = np.where(long_, rng.integers(3000, 7000, n), rng.integers(80, 250, n))
     wl = Workload(poisson(rng, n, 1.0), prompt, rng.integers(40, 120, n))
     recs = simulate(wl, ServerModel(slots=4, prefill_s_per_token=0.0004, seed=2), T0)
-    write("long-prompts", recs, meta(parallel=4, n_ctx=65536, n_ctx_slot=16384))
+    write("long-prompts", recs, meta(max_running_requests=4, context_len_tokens=16384))
 
 
 def concurrency():
@@ -77,7 +77,7 @@ def concurrency():
     busy = lambda t: sum(1 for r in recs if r.arrival_s <= T0 + t <= r.finish_s)  # noqa: E731
     gpu = [GpuSample(time_s=T0 + t, gpu_index=0, mem_used_bytes=60 * 2**30, mem_total_bytes=80 * 2**30,
                      dram_bw_util_frac=min(0.2 + 0.06 * busy(t), 0.97)) for t in np.arange(0, end, 2.0)]
-    write("concurrency", recs, meta(parallel=16, n_ctx=65536, n_ctx_slot=4096), gpu)
+    write("concurrency", recs, meta(max_running_requests=16, context_len_tokens=4096), gpu)
 
 
 def multi_turn():
@@ -98,7 +98,7 @@ def multi_turn():
             t += rng.uniform(8, 15)
     wl = Workload(np.array(arrival), np.array(prompt), np.array(out), session, turn)
     recs = simulate(wl, ServerModel(slots=8, tpot_per_1k_ctx=0.25, prefill_s_per_token=0.0002, seed=4), T0)
-    write("multi-turn", recs, meta(parallel=8, n_ctx=65536, n_ctx_slot=8192))
+    write("multi-turn", recs, meta(max_running_requests=8, context_len_tokens=8192))
 
 
 def context_overflow():
@@ -107,7 +107,7 @@ def context_overflow():
     prompt = np.where(rng.random(n) < 0.3, rng.integers(1500, 3000, n), rng.integers(100, 600, n))
     wl = Workload(poisson(rng, n, 4.0), prompt, rng.integers(100, 300, n))
     recs = simulate(wl, ServerModel(slots=8, ctx_per_slot=2048, seed=5), T0)
-    write("context-overflow", recs, meta(parallel=8, n_ctx=16384, n_ctx_slot=2048))
+    write("context-overflow", recs, meta(max_running_requests=8, context_len_tokens=2048))
 
 
 def kv_quant():
@@ -120,13 +120,13 @@ def kv_quant():
     rep = np.clip(0.05 + 0.6 * (prompt - 2000) / 6000, 0.02, 0.9) + rng.normal(0, 0.03, n)
     recs = [r.__class__(**{**{f: getattr(r, f) for f in r.__slots__}, "output_repetition": float(np.clip(x, 0, 1))})
             for r, x in zip(recs, rep)]
-    write("kv-quant", recs, meta(parallel=2, n_ctx=32768, n_ctx_slot=16384, cache_type_k="q4_0", cache_type_v="q4_0"))
+    write("kv-quant", recs, meta(max_running_requests=4, context_len_tokens=16384, cache_type_k="q4_0", cache_type_v="q4_0"))
 
 
 def tail():
     rng = np.random.default_rng(7)
     recs = simulate(short_workload(rng, 500, 1.5), ServerModel(slots=8, stall_prob=0.04, stall_s=20.0, seed=7), T0)
-    write("tail", recs, meta(parallel=8))
+    write("tail", recs, meta(max_running_requests=8))
 
 
 def prefix(cache_on: bool):
@@ -136,7 +136,7 @@ def prefix(cache_on: bool):
     blocks = [system + [int(x) for x in rng.integers(10**9, 2 * 10**9, 3)] for _ in range(n)]
     wl = Workload(poisson(rng, n, 1.0), np.full(n, 27 * 64 - 10), rng.integers(40, 120, n), prefix_blocks=blocks)
     recs = simulate(wl, ServerModel(slots=4, prefix_cache=cache_on, prefill_s_per_token=0.0003, seed=8), T0)
-    write(f"prefix-cache-{'on' if cache_on else 'off'}", recs, meta(parallel=4))
+    write(f"prefix-cache-{'on' if cache_on else 'off'}", recs, meta(max_running_requests=4))
 
 
 def preemption():
@@ -156,14 +156,14 @@ def preemption():
         total += rng.integers(2, 8) if usage > 0.95 else 0
         eng.append(EngineSample(time_s=now, engine="vllm", values={
             "kv_usage_frac": float(usage), "preemptions_total": float(total), "requests_waiting": 0.0}))
-    write("preemption", recs, meta(engine="vllm", max_num_seqs=32, num_gpu_blocks=1000, block_size=16), eng)
+    write("preemption", recs, meta(engine="vllm", max_running_requests=32, kv_num_gpu_blocks=1000, kv_block_size_tokens=16), eng)
 
 
 def queueing():
     rng = np.random.default_rng(10)
     wl = short_workload(rng, 400, 3.0)
     recs = simulate(wl, ServerModel(slots=2, tpot_base_s=0.01, seed=10), T0)
-    write("queueing", recs, meta(parallel=2, n_ctx=8192, n_ctx_slot=4096))
+    write("queueing", recs, meta(max_running_requests=2, context_len_tokens=4096))
 
 
 def fragmentation():
@@ -171,7 +171,7 @@ def fragmentation():
     recs = simulate(short_workload(rng, 400, 1.0), ServerModel(slots=8, seed=11), T0)
     eng = [EngineSample(time_s=T0 + t, engine="vllm", values={"kv_usage_frac": 0.9, "preemptions_total": 0.0})
            for t in range(0, 420, 5)]
-    write("fragmentation", recs, meta(engine="vllm", max_num_seqs=8, num_gpu_blocks=2048, block_size=16), eng)
+    write("fragmentation", recs, meta(engine="vllm", max_running_requests=8, kv_num_gpu_blocks=2048, kv_block_size_tokens=16), eng)
 
 
 def leak():
@@ -180,7 +180,7 @@ def leak():
     gpu = [GpuSample(time_s=T0 + t, gpu_index=0, mem_used_bytes=int(30 * 2**30 + t * 2**20 * 0.4 + rng.normal(0, 2**20)),
                      mem_total_bytes=80 * 2**30, mem_util_frac=0.3) for t in range(0, 1500, 10)]
     host = [HostSample(time_s=T0 + t, server_rss_bytes=4 * 2**30, server_cpu_cores=1.0) for t in range(0, 1500, 10)]
-    write("leak", recs, meta(parallel=4), gpu + host)
+    write("leak", recs, meta(max_running_requests=4), gpu + host)
 
 
 
