@@ -1,0 +1,130 @@
+"""Benchmark: `kvdoctor diagnose` on a 1,000,000-request capture.
+
+    python benchmarks/bench_diagnose.py [--requests 1000000] [--keep DIR]
+
+Builds a capture with a realistic mix (prompt lengths resampled from the Azure LLM inference
+code trace shipped in tests/data/traces, multi-turn sessions, Poisson arrivals over 24 h,
+latencies from a prefill + bandwidth-shared decode model), then times, each in a fresh
+process: `kvdoctor diagnose --format json` (wall time, peak RSS) and the fastest plain load
+of the same files (pyarrow's JSON reader; orjson line by line for reference) as the floor.
+Targets (2-core machine): diagnose <= 5 s, peak RSS <= 1 GiB, <= 3x the floor.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+AZURE = ROOT / "tests" / "data" / "traces" / "azure2023_AzureLLMInferenceTrace_code_head2000.csv"
+
+
+def prompt_lengths(rng, n: int) -> np.ndarray:
+    if AZURE.exists():
+        with open(AZURE) as f:
+            ctx = np.array([float(r["ContextTokens"]) for r in csv.DictReader(f)])
+        return rng.choice(ctx, n)
+    return rng.lognormal(7, 1.0, n).astype(int)
+
+
+def build(folder: Path, n: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    t0 = 1_767_000_000.0
+    arrival = t0 + np.sort(rng.uniform(0, 86_400, n))
+    prompt = prompt_lengths(rng, n)
+    output = rng.integers(20, 600, n)
+    turns = rng.integers(1, 9, n)
+    session = rng.integers(0, n // 5, n)
+    conc = 1 + rng.poisson(8, n)
+    ttft = 0.02 + prompt * 0.00012 * rng.lognormal(0, 0.2, n)
+    tpot = 0.008 * (1 + 0.05 * conc) * (1 + 0.02 * (prompt / 1000)) * rng.lognormal(0, 0.1, n)
+    e2e = ttft + tpot * (output - 1)
+    err = rng.random(n) < 0.002
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "meta.json").write_bytes(orjson.dumps({"format_version": 1, "clock": "unix", "engine": "vllm",
+                                                      "model": "synthetic-7b", "origin": "benchmark"}))
+    per_segment = 250_000
+    for s in range(0, n, per_segment):
+        lines = []
+        for i in range(s, min(n, s + per_segment)):
+            rec = {"request_id": f"r{i}", "arrival_s": arrival[i], "ttft_s": ttft[i], "e2e_s": e2e[i],
+                   "prompt_tokens": int(prompt[i]), "output_tokens": int(output[i]), "session_id": f"s{session[i]}",
+                   "turn": int(turns[i]), "status": "error" if err[i] else "ok"}
+            if err[i]:
+                rec["error"] = "upstream timeout"
+            lines.append(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY))
+        (folder / f"requests-{s // per_segment + 1:06d}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+
+
+#: runs a command and reports its own peak RSS: RUSAGE_CHILDREN of a fresh wrapper process
+#: covers exactly that one child (ours would keep the maximum over every earlier run)
+_WRAP = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+         "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); w = time.perf_counter() - t; "
+         "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.returncode)")
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one run of a command."""
+    out = subprocess.run([sys.executable, "-c", _WRAP, *cmd], capture_output=True, text=True)
+    wall, rss_kib, rc = out.stdout.split()
+    if rc != "0":
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {rc}): {out.stderr[-2000:]}")
+    return float(wall), float(rss_kib) / 1024
+
+
+FLOOR_ARROW = """
+import sys, io, pyarrow.json as j, pathlib
+rows = 0
+for p in sorted(pathlib.Path(sys.argv[1]).glob('requests-*.jsonl')):
+    rows += j.read_json(p).num_rows
+print(rows)
+"""
+FLOOR_ORJSON = """
+import sys, orjson, pathlib
+rows = []
+for p in sorted(pathlib.Path(sys.argv[1]).glob('requests-*.jsonl')):
+    with open(p, 'rb') as f:
+        rows.extend(orjson.loads(line) for line in f)
+print(len(rows))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--keep", type=Path, help="build the capture here and keep it")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each command; the best is reported")
+    args = ap.parse_args()
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="kvd-bench-")) / "cap"
+    if not (folder / "meta.json").exists():
+        t = time.perf_counter()
+        build(folder, args.requests)
+        print(f"built {args.requests:,} requests in {time.perf_counter() - t:.1f} s "
+              f"({sum(p.stat().st_size for p in folder.glob('*.jsonl')) / 2**20:.0f} MiB)")
+    py = sys.executable
+    kvd = [str(Path(py).parent / "kvdoctor")]
+    results = {}
+    for name, cmd in [("floor: pyarrow.json", [py, "-c", FLOOR_ARROW, str(folder)]),
+                      ("reference: orjson to dicts", [py, "-c", FLOOR_ORJSON, str(folder)]),
+                      ("kvdoctor diagnose", kvd + ["diagnose", str(folder), "--format", "json"])]:
+        runs = [timed(cmd) for _ in range(args.repeat)]
+        wall = min(r[0] for r in runs)
+        rss = max(r[1] for r in runs)
+        results[name] = (wall, rss)
+        print(f"{name:<26} wall {wall:6.2f} s   peak RSS {rss:7.0f} MiB")
+    d_wall, d_rss = results["kvdoctor diagnose"]
+    floor = results["floor: pyarrow.json"][0]
+    print(f"diagnose / floor = {d_wall / floor:.2f}x (target <= 3x); wall target <= 5 s; RSS target <= 1024 MiB")
+    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
+
+
+if __name__ == "__main__":
+    main()
