@@ -312,7 +312,7 @@ def _derive(table: pa.Table) -> pa.Table:
     fill("finish_s", pc.add(arrival, num("e2e_s")))
     fill("first_token_s", pc.add(arrival, num("ttft_s")))
     out_tok = num("output_tokens")
-    decode = pc.max_element_wise(pc.subtract(num("e2e_s"), num("ttft_s")), pa.scalar(0.0))
+    decode = pc.max_element_wise(pc.subtract(num("e2e_s"), num("ttft_s")), pa.scalar(0.0), skip_nulls=False)
     tpot = pc.if_else(pc.greater(out_tok, 1), pc.divide(decode, pc.subtract(out_tok, 1)), pa.scalar(None, pa.float64()))
     fill("tpot_s", tpot)
     fill("status", pc.if_else(pc.is_null(num("error")), pa.scalar("ok"), pa.scalar("error")))

@@ -19,7 +19,8 @@ from ..signals import Prepared, Window
 from . import conditions as C
 from .rules import SEVERITY_RANK, Rule
 
-MAX_STEPS = 400
+#: evaluations per capture at most: a day at ~6-minute resolution
+MAX_STEPS = 240
 
 
 @dataclass

@@ -37,6 +37,11 @@ def fmt(value: float | None, unit: str) -> str:
     return f"{value:,.2f} {unit}"
 
 
+def _known(evidence: dict[str, float]) -> list[tuple[str, float]]:
+    """Evidence with a value, in the rule's order (n/a readings only in the full text)."""
+    return [(k, v) for k, v in evidence.items() if v is not None and not math.isnan(v)]
+
+
 def _evidence_line(name: str, value: float) -> str:
     return f"{name} = {fmt(value, REGISTRY[name].unit)}"
 
@@ -105,7 +110,7 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
             f"What: {top.rule.title}",
             f"Impact: {_impact(inc)}",
             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
-            "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in list(top.evidence.items())[:max_evidence]),
+            "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:max_evidence]),
             f"First fix: {top.rule.fixes[0].title}",
         ]
         lines += [f"  {k}" for k in _knobs(top.rule.fixes[0].knobs, engine)]
@@ -118,9 +123,11 @@ def _healthy_line(diag: Diagnosis) -> str:
     from ..signals import Prepared
 
     w = Prepared(diag.capture).window(diag.start_s, diag.end_s)
-    parts = [_evidence_line(k, w.value(k)) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "error_rate")
-             if not math.isnan(w.value(k))]
-    return " · ".join(parts)
+    keys = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "error_rate", "prompt_p50_tokens",
+            "prompt_p99_tokens", "prefix_hit_rate_achievable", "request_rate_per_s")
+    parts = [_evidence_line(k, w.value(k)) for k in keys if not math.isnan(w.value(k))]
+    note = "" if not math.isnan(w.value("ttft_p50_s")) else " (no latencies in this capture: workload only)"
+    return " · ".join(parts) + note
 
 
 def full_text(diag: Diagnosis) -> str:

@@ -38,9 +38,6 @@ class Prepared:
         order = np.argsort(np.where(np.isnan(t), np.inf, t), kind="stable")
         self.t = t[order]
         self.col = {name: req.num(name)[order] for name in REQUEST_COLUMNS}
-        codes, labels = req.codes("session_id")
-        self.session = codes[order]
-        self.session_labels = labels
         status_codes, status_labels = req.codes("status")
         status = np.array(status_labels + [""], dtype=object)[status_codes[order]]
         self.is_error = status != "ok"
@@ -52,6 +49,7 @@ class Prepared:
         self.col["concurrency"] = self._concurrency_at_arrival()
         self.col["decode_concurrency"] = self._mean_in_flight(self.col["first_token_s"], self.col["finish_s"])
         self._order = order
+        self._session: np.ndarray | None = None
         self.itl = self._itl_lists(req, order)
         self.gpu_t = cap.gpu.num("time_s")
         self.host_t = cap.host.num("time_s")
@@ -140,6 +138,13 @@ class Prepared:
             if e.get("kind") == "config":
                 cfg.update(e.get("detail") or {})
         return cfg
+
+    @property
+    def session(self) -> np.ndarray:
+        """Conversation ids as int codes in arrival order (-1 unknown); built on first use."""
+        if self._session is None:
+            self._session = self.cap.requests.codes("session_id")[0][self._order]
+        return self._session
 
     def column(self, name: str) -> np.ndarray:
         col = self.col.get(name)
