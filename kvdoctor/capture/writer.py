@@ -88,7 +88,7 @@ class CaptureWriter:
 
     # -- records ----------------------------------------------------------------------
     def write(self, record: Any) -> None:
-        kind = _kind_of(record)
+        kind = kind_of(record)
         self.write_dict(kind, to_dict(record))
 
     def write_many(self, records: Iterable[Any]) -> int:
@@ -173,7 +173,7 @@ class CaptureWriter:
         self.close()
 
 
-def _kind_of(record: Any) -> str:
+def kind_of(record: Any) -> str:
     for kind, cls in RECORD_TYPES.items():
         if isinstance(record, cls):
             return kind

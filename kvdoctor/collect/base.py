@@ -12,7 +12,14 @@ from typing import Any, Protocol, runtime_checkable
 
 
 class SourceUnavailable(Exception):
-    """The source cannot read (no driver, no GPU, server down); the message says why."""
+    """The source cannot read (no driver, no GPU, server down); the message says why.
+
+    ``records`` are what the source did learn on the way (e.g. a server-down event): the agent
+    keeps them."""
+
+    def __init__(self, detail: str, records: list[Any] | tuple[Any, ...] = ()):
+        super().__init__(detail)
+        self.records = list(records)
 
 
 @runtime_checkable

@@ -169,3 +169,19 @@ def markdown(diag: Diagnosis) -> str:
             out += [f"   - {k}" for k in _knobs(f.knobs, engine, limit=5)]
         out.append("")
     return "\n".join(out)
+
+
+def live_incident_text(inc, what: str, engine: str | None) -> str:
+    """A live incident as the sidecar prints it and posts it to a webhook (Slack text)."""
+    top = inc.top
+    if what == "closed":
+        return (f"RESOLVED #{inc.id} {inc.symptom}: {top.rule.title} "
+                f"(open {_dur((inc.closed_s or inc.last_s) - inc.opened_s)})")
+    lines = [f"INCIDENT #{inc.id} {inc.severity.upper()} {inc.symptom}: {top.rule.title}",
+             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
+             "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:4]),
+             f"First fix: {top.rule.fixes[0].title}"]
+    lines += [f"  {k}" for k in _knobs(top.rule.fixes[0].knobs, ENGINE_KNOB.get((engine or "").lower()))]
+    if len(inc.causes) > 1:
+        lines.append("Also: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%})" for c in inc.causes[1:4]))
+    return "\n".join(lines)

@@ -8,22 +8,24 @@ from .registry import fit, percentile, ratio, signal
 
 MIN_REQUESTS = 5
 
-#: (prefix, request column, what it is) -> signals PREFIX_p50_s, _p90_s, _p99_s
+#: (prefix, request column, engine histogram, what it is) -> signals PREFIX_p50_s, _p90_s, _p99_s
 PERCENTILE_TABLE = [
-    ("ttft", "ttft_s", "time to first token"),
-    ("tpot", "tpot_s", "time per output token after the first"),
-    ("e2e", "e2e_s", "end-to-end request latency"),
-    ("queue", "queue_s", "time queued before prefill started"),
+    ("ttft", "ttft_s", "ttft_seconds", "time to first token"),
+    ("tpot", "tpot_s", "tpot_seconds", "time per output token after the first"),
+    ("e2e", "e2e_s", "e2e_seconds", "end-to-end request latency"),
+    ("queue", "queue_s", "queue_seconds", "time queued before prefill started"),
 ]
 
 
 def _register_percentiles() -> None:
-    for prefix, column, what in PERCENTILE_TABLE:
+    for prefix, column, hist, what in PERCENTILE_TABLE:
         for q in (50, 90, 99):
-            def fn(w, column=column, q=q):
-                return percentile(w.r(column), q, MIN_REQUESTS)
+            def fn(w, column=column, hist=hist, q=q):
+                v = percentile(w.r(column), q, MIN_REQUESTS)
+                return v if not np.isnan(v) else w.engine_quantile(hist, q / 100)
 
-            signal(f"{prefix}_p{q}_s", "s", f"P{q} of {what} over requests in the window")(fn)
+            signal(f"{prefix}_p{q}_s", "s", f"P{q} of {what} over requests in the window "
+                                            f"(else from the engine's {hist} histogram)")(fn)
         signal(f"{prefix}_p99_over_p50", "ratio", f"P99/P50 of {what}: how heavy the tail is")(
             lambda w, prefix=prefix: ratio(w.value(f"{prefix}_p99_s"), w.value(f"{prefix}_p50_s")))
 

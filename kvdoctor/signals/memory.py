@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines import rates
 from .registry import fit, percentile, ratio, signal
 
 #: KV cache dtypes that are quantised (below 16 bits), as engines spell them
@@ -34,12 +35,9 @@ def kv_growth(w):
 
 
 def counter_increase(t: np.ndarray, v: np.ndarray) -> float:
-    """Increase of a counter over the samples, counting a drop as a reset (Prometheus rule)."""
+    """Increase of a counter over the window's samples (resets handled); NaN with < 2 samples."""
     v = v[np.isfinite(v)]
-    if len(v) < 2:
-        return np.nan
-    d = np.diff(v)
-    return float(np.where(d >= 0, d, v[1:]).sum())
+    return rates.counter_increase(v) if len(v) >= 2 else np.nan
 
 
 @signal("preemptions_per_min", "1/min")
@@ -194,3 +192,14 @@ def kv_quantised(w):
     if not vals:
         return np.nan
     return float(any(any(q in v for q in QUANTISED_KV) for v in vals))
+
+
+@signal("kv_full_forecast_min", "min")
+def kv_full_forecast(w):
+    """Minutes until the KV cache is full at the recent growth rate (robust slope of the
+    engine's KV usage); NaN when it is not growing. 0 when already full."""
+    from ..plan.forecast import forecast_kv_full
+
+    t, v = w.engine("kv_usage_frac")
+    minutes = forecast_kv_full(t, v, window_s=max(w.duration_s, 60.0)) if len(t) else None
+    return np.nan if minutes is None else minutes

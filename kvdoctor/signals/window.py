@@ -186,7 +186,7 @@ class Window:
         self.eng = _range(prep.engine_t, t0, t1)
         self.ev = _range(prep.event_t, t0, t1)
         self._memo: dict[str, float] = {}
-        self._fits: dict[str, tuple[float, float, int]] = {}
+        self._cache: dict[str, tuple[float, float, int]] = {}
 
     @property
     def duration_s(self) -> float:
@@ -214,6 +214,24 @@ class Window:
             return self.prep.engine_t[:0], np.array([])
         return self.prep.engine_t[self.eng], v[self.eng]
 
+    def engine_quantile(self, name: str, q: float) -> float:
+        """Quantile of an engine histogram over the window (Prometheus histogram_quantile of
+        the increase between the window's first and last scrape)."""
+        rows = self.prep.cap.engine.histograms.get(name)
+        if not rows:
+            return float("nan")
+        key = f"hist:{name}"
+        if key not in self._cache:
+            from ..engines.rates import window_histograms
+
+            self._cache[key] = window_histograms({name: rows}, self.t0, self.t1).get(name)
+        d = self._cache[key]
+        if not d or not d.get("count"):
+            return float("nan")
+        from ..engines.rates import histogram_quantile
+
+        return histogram_quantile(q, None, d)
+
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         evs = self.prep.events[self.ev]
         return [e for e in evs if kind is None or e.get("kind") == kind]
@@ -230,9 +248,9 @@ class Window:
     def fit(self, x: str, y: str) -> tuple[float, float, int]:
         """fit() of two request columns, memoised (slope and correlation signals share it)."""
         key = f"fit:{x}:{y}"
-        hit = self._fits.get(key)
+        hit = self._cache.get(key)
         if hit is None:
-            hit = self._fits[key] = fit(self.r(x), self.r(y))
+            hit = self._cache[key] = fit(self.r(x), self.r(y))
         return hit
 
     def value(self, name: str) -> float:

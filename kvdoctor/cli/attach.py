@@ -1,0 +1,121 @@
+"""`kvdoctor attach`: the live sidecar."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import click
+
+from ..errors import InputError
+
+
+def _engine_config(items: tuple[str, ...]) -> dict:
+    out = {}
+    for item in items:
+        m = re.fullmatch(r"([a-z_][a-z0-9_]*)=(.+)", item.strip())
+        if not m:
+            raise InputError(f"--engine-config {item!r}: expected KEY=VALUE, e.g. cache_type_k=q4_0 or max_running_requests=8")
+        v = m[2]
+        out[m[1]] = int(v) if v.isdigit() else (float(v) if re.fullmatch(r"\d+\.\d+", v) else v)
+    return out
+
+
+def _collectors(server_url: str, gpu: str, pid: int | None, scrape_interval: float, gpu_interval: float,
+                nvml_replay: str | None, scrape: bool):
+    from ..collect.scrape import ScrapeCollector
+
+    out = [ScrapeCollector(server_url, interval_s=scrape_interval)] if scrape else []
+    port = urlparse(server_url).port
+    host = None
+    try:
+        from ..collect.host import HostCollector
+
+        host = HostCollector(pid=pid, port=None if pid else port)
+        out.append(host)
+    except ImportError:
+        pass
+    if gpu != "none":
+        from ..collect.nvml import NvmlCollector
+
+        gpus = "auto" if gpu == "auto" else [int(x) for x in gpu.split(",")]
+        nvml = None
+        if nvml_replay:
+            from ..collect.nvml import ReplayNvml
+
+            nvml = ReplayNvml.load(nvml_replay)
+        out.append(NvmlCollector(gpus=gpus, server_pids=host.server_pids if host else None, nvml=nvml, interval_s=gpu_interval))
+    return out
+
+
+@click.command("attach")
+@click.option("--server", "server_url", required=True, metavar="URL",
+              help="The inference server: scraped for /metrics, and the proxy's upstream.")
+@click.option("--proxy", metavar="HOST:PORT", help="Serve a streaming OpenAI-compatible proxy here; point clients at it.")
+@click.option("--otlp-receiver", metavar="HOST:PORT", help="Receive the engine's OTLP/HTTP spans here (vLLM/SGLang --otlp-traces-endpoint).")
+@click.option("--capture", "capture_dir", type=click.Path(), help="Capture folder [default: ./kvdoctor-capture-DATE-TIME].")
+@click.option("--listen", default="127.0.0.1:9400", show_default=True, metavar="HOST:PORT",
+              help="kvdoctor's own /healthz /metrics /incidents /report. Loopback unless you say otherwise.")
+@click.option("--gpu", default="auto", show_default=True, metavar="auto|none|I,J", help="GPUs to sample through NVML.")
+@click.option("--pid", type=int, help="The server's process id (default: found by the --server port).")
+@click.option("--gpu-interval", default=0.1, show_default=True, help="Seconds between GPU samples.")
+@click.option("--scrape-interval", default=1.0, show_default=True, help="Seconds between /metrics scrapes.")
+@click.option("--no-scrape", is_flag=True, help="Do not scrape /metrics (proxy or OTLP only).")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(), help="Extra rule folder (repeatable).")
+@click.option("--slo", multiple=True, metavar="NAME=VALUE", help="Absolute objective, e.g. --slo ttft_p99=2s.")
+@click.option("--lookback", default="5m", show_default=True, help="Live window the rules look back over.")
+@click.option("--step", default="5s", show_default=True, help="Time between live evaluations.")
+@click.option("--webhook", metavar="URL", help="POST incidents as JSON (Slack-compatible 'text' field).")
+@click.option("--token", envvar="KVDOCTOR_TOKEN", help="Require 'Authorization: Bearer TOKEN' on the endpoints (env KVDOCTOR_TOKEN).")
+@click.option("--otlp-endpoint", metavar="URL", help="Export incidents (spans) and percentiles (metrics) over OTLP/HTTP.")
+@click.option("--store-text", is_flag=True, help="Also store prompt and completion text (off by default).")
+@click.option("--engine-config", multiple=True, metavar="KEY=VALUE",
+              help="Config the engine does not expose, e.g. cache_type_k=q4_0 for llama.cpp.")
+@click.option("--max-capture-bytes", default=1 << 30, show_default=True, help="Drop the oldest segments beyond this.")
+@click.option("--duration", type=float, help="Stop after this many seconds (default: until Ctrl-C / SIGTERM).")
+@click.option("--nvml-replay", type=click.Path(exists=True), hidden=True, help="Replay recorded NVML readings (demos, tests).")
+@click.option("-q", "--quiet", is_flag=True, help="Only incidents and errors on the terminal.")
+def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu_interval, scrape_interval, no_scrape,
+            rules_dirs, slo, lookback, step, webhook, token, otlp_endpoint, store_text, engine_config, max_capture_bytes,
+            duration, nvml_replay, quiet):
+    """Sidecar beside a running inference server: capture to disk and diagnose live.
+
+    Without changing the server, it samples GPU memory and bandwidth (NVML), the server
+    process (psutil), the engine's /metrics, and per-request TTFT/TPOT (through --proxy, or
+    OTLP spans on --otlp-receiver). Incidents open and close on the terminal (and --webhook);
+    Prometheus scrapes --listen/metrics. Ctrl-C or SIGTERM flushes and closes the capture.
+
+    \b
+    Examples:
+      kvdoctor attach --server http://127.0.0.1:8000
+      kvdoctor attach --server http://127.0.0.1:8080 --proxy 127.0.0.1:9000 --capture cap/
+      kvdoctor attach --server http://vllm:8000 --otlp-receiver 127.0.0.1:4318 --slo ttft_p99=2s \\
+          --webhook https://hooks.slack.com/services/...
+    """
+    from ..collect.agent import Agent, AttachConfig
+    from ..diagnosis import Options, load_rules, parse_slo
+    from ..diagnosis.rules import parse_duration
+
+    if not urlparse(server_url).scheme.startswith("http"):
+        raise InputError(f"--server {server_url!r}: expected an http(s) URL such as http://127.0.0.1:8000")
+    try:
+        options = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo))
+    except ValueError as e:
+        raise InputError(f"--lookback/--step: {e}") from None
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    capture = Path(capture_dir or time.strftime("kvdoctor-capture-%Y%m%d-%H%M%S"))
+    cfg = AttachConfig(
+        server_url=server_url.rstrip("/"), capture_dir=capture, listen=listen, proxy=proxy, otlp_receiver=otlp_receiver,
+        rules=load_rules([Path(d) for d in rules_dirs]), options=options, webhook=webhook, token=token,
+        otlp_endpoint=otlp_endpoint, store_text=store_text, engine_config=_engine_config(engine_config),
+        max_capture_bytes=max_capture_bytes, duration_s=duration,
+        collectors=_collectors(server_url, gpu, pid, scrape_interval, gpu_interval, nvml_replay, not no_scrape),
+    )
+    logging.getLogger("kvdoctor.attach").info("capturing to %s (Ctrl-C to stop)", capture)
+    asyncio.run(Agent(cfg).run())
+    click.echo(f"capture closed: {capture}  (next: kvdoctor summary {capture})", err=True)

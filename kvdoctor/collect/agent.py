@@ -1,0 +1,302 @@
+"""The sidecar loop: sources -> capture on disk + recent-past buffer -> live diagnosis ->
+terminal, webhook, /metrics, OpenTelemetry.
+
+Polled sources run in worker threads on their own interval; push sources (proxy, OTLP
+receiver) emit from the event loop. A source that cannot read is recorded once (capture meta
+and log) and retried; nothing a source or the server does makes the agent exit.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import __version__
+from ..capture import CaptureWriter
+from ..capture.writer import kind_of
+from ..capture.memory import from_records
+from ..diagnosis import Options, Rule
+from ..diagnosis.live import LiveDiagnoser, LiveIncident
+from ..model import CaptureMeta, EngineSample, Event, GpuSample, RequestRecord
+from ..serve import Metrics, make_app
+from .base import PolledCollector, SourceUnavailable
+
+log = logging.getLogger("kvdoctor.attach")
+
+
+def host_port(text: str, default_port: int) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host:
+        return text or "127.0.0.1", default_port
+    return host.strip("[]"), int(port)
+
+
+@dataclass
+class AttachConfig:
+    server_url: str
+    capture_dir: Path
+    listen: str | None = "127.0.0.1:9400"
+    proxy: str | None = None
+    otlp_receiver: str | None = None
+    rules: list[Rule] = field(default_factory=list)
+    options: Options = field(default_factory=lambda: Options(lookback_s=300.0, step_s=5.0))
+    webhook: str | None = None
+    token: str | None = None
+    otlp_endpoint: str | None = None
+    store_text: bool = False
+    engine_config: dict[str, Any] = field(default_factory=dict)
+    max_capture_bytes: int | None = 1 << 30
+    duration_s: float | None = None
+    collectors: list[PolledCollector] = field(default_factory=list)
+    on_change: Callable[[str, LiveIncident], None] | None = None
+
+
+class Agent:
+    def __init__(self, cfg: AttachConfig):
+        self.cfg = cfg
+        meta = CaptureMeta(created_unix_s=time.time(), server=cfg.server_url, origin="attach",
+                           config=dict(cfg.engine_config), text_stored=cfg.store_text, tool_version=__version__)
+        self.writer = CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes)
+        self.metrics = Metrics()
+        self.live = LiveDiagnoser(cfg.rules, cfg.options)
+        self._recent: dict[str, collections.deque] = {k: collections.deque() for k in ("requests", "gpu", "host", "engine", "events")}
+        self._status: dict[str, tuple[bool, str]] = {}
+        self._stop = asyncio.Event()
+        self._runners: list[Any] = []
+        self.started_s = time.time()
+        self.steps = 0
+        self.otel = None
+
+    # -- the Sink protocol: every record from every source comes through here ----------------
+    def emit(self, record: Any) -> None:
+        try:
+            self.writer.write(record)
+        except OSError:
+            log.exception("could not write to the capture")
+        kind = kind_of(record)
+        self._recent[kind].append(record)
+        self.metrics["kvdoctor_capture_records_total"].labels(kind=kind).inc()
+        if isinstance(record, RequestRecord):
+            self.metrics["kvdoctor_requests_total"].labels(status=record.status or "ok").inc()
+        elif isinstance(record, GpuSample):
+            gpu = str(record.gpu_index)
+            for name, value in (("kvdoctor_gpu_memory_used_bytes", record.mem_used_bytes),
+                                ("kvdoctor_gpu_memory_total_bytes", record.mem_total_bytes),
+                                ("kvdoctor_gpu_memory_bandwidth_ratio",
+                                 record.dram_bw_util_frac if record.dram_bw_util_frac is not None else record.mem_util_frac)):
+                if value is not None:
+                    self.metrics[name].labels(gpu=gpu).set(value)
+        elif isinstance(record, EngineSample) and "kv_usage_frac" in record.values:
+            self.metrics["kvdoctor_kv_usage_ratio"].set(record.values["kv_usage_frac"])
+        elif isinstance(record, Event):
+            if record.kind in ("server-down", "server-up", "server-restart"):
+                self.metrics["kvdoctor_server_up"].set(0 if record.kind == "server-down" else 1)
+                log.warning("server event: %s %s", record.kind, record.detail.get("reason", ""))
+            if record.kind == "config":
+                detail = {k: v for k, v in record.detail.items() if k != "engine"}
+                self.writer.update_meta(config={**self.writer.meta.config, **detail, **self.cfg.engine_config},
+                                        engine=record.detail.get("engine") or self.writer.meta.engine)
+
+    def source_status(self, name: str, ok: bool, detail: str = "") -> None:
+        if self._status.get(name) == (ok, detail):
+            return
+        was = self._status.get(name)
+        self._status[name] = (ok, detail)
+        self.metrics["kvdoctor_source_up"].labels(source=name).set(1 if ok else 0)
+        self.writer.source_status(name, ok, detail)
+        if not ok:
+            log.warning("%s: %s", name, detail)
+        elif was is not None and not was[0]:
+            log.info("%s: reading again", name)
+
+    # -- loops --------------------------------------------------------------------------
+    async def _poll(self, c: PolledCollector) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            now = time.time()
+            try:
+                records = await loop.run_in_executor(None, c.collect, now)
+                self.source_status(c.name, True)
+            except SourceUnavailable as e:
+                records = e.records
+                self.source_status(c.name, False, str(e))
+            except Exception as e:  # a bug in one source must not stop the others
+                records = []
+                self.source_status(c.name, False, f"{type(e).__name__}: {e}")
+            for r in records:
+                self.emit(r)
+            try:
+                await asyncio.wait_for(self._stop.wait(), max(c.interval_s - (time.time() - now), 0.0))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _diagnose_loop(self) -> None:
+        step = self.cfg.options.step_s
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), step)
+            except asyncio.TimeoutError:
+                pass
+            try:
+                self.diagnose_now()
+            except Exception:
+                log.exception("live diagnosis failed (capture continues)")
+
+    def recent_capture(self, now_s: float):
+        keep_s = self.cfg.options.lookback_s + max((r.for_s for r in self.cfg.rules), default=0) + 60
+        for dq in self._recent.values():
+            while dq and _time(dq[0]) < now_s - keep_s:
+                dq.popleft()
+        return from_records(self.writer.meta, **{k: list(v) for k, v in self._recent.items()})
+
+    def diagnose_now(self, now_s: float | None = None) -> tuple[list[LiveIncident], list[LiveIncident]]:
+        now_s = now_s or time.time()
+        cap = self.recent_capture(now_s)
+        opened, closed = self.live.step(cap, now_s)
+        self.steps += 1
+        self._export_percentiles(cap, now_s)
+        for inc in opened:
+            self.metrics["kvdoctor_incidents_opened_total"].labels(rule=inc.top.rule.id).inc()
+            self._announce("opened", inc)
+        for inc in closed:
+            self._announce("closed", inc)
+        active = self.metrics["kvdoctor_incident_active"]
+        active.clear()
+        for inc in self.live.open_incidents:
+            active.labels(rule=inc.top.rule.id, symptom=inc.symptom, severity=inc.severity).set(1)
+        return opened, closed
+
+    def _export_percentiles(self, cap, now_s: float) -> None:
+        from ..signals import Prepared
+
+        w = Prepared(cap).window(now_s - self.cfg.options.lookback_s, now_s)
+        for prefix, metric in (("ttft", "kvdoctor_ttft_seconds"), ("tpot", "kvdoctor_tpot_seconds"),
+                               ("itl", "kvdoctor_itl_seconds"), ("e2e", "kvdoctor_e2e_seconds")):
+            for q in (50, 90, 99):
+                name = f"{prefix}_p{q}_s"
+                if name not in ("itl_p90_s",):
+                    v = w.value(name)
+                    if v == v:
+                        self.metrics[metric].labels(quantile=f"0.{q}").set(v)
+        forecast = w.value("kv_full_forecast_min")
+        if forecast == forecast:
+            self.metrics["kvdoctor_kv_full_forecast_seconds"].set(forecast * 60)
+        if self.otel:
+            self.otel.percentiles({m: w.value(m) for m in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")})
+
+    def _announce(self, what: str, inc: LiveIncident) -> None:
+        from ..report.summary import live_incident_text
+
+        text = live_incident_text(inc, what, self.writer.meta.engine)
+        log.warning("%s", text)
+        if self.cfg.on_change:
+            self.cfg.on_change(what, inc)
+        self.writer.write(Event(time_s=time.time(), kind=f"incident-{what}",
+                                detail={"id": inc.id, "rule": inc.top.rule.id, "symptom": inc.symptom}))
+        if self.cfg.webhook:
+            asyncio.get_running_loop().create_task(self._post_webhook(text, what, inc))
+        if self.otel:
+            self.otel.incident(what, inc)
+
+    async def _post_webhook(self, text: str, what: str, inc: LiveIncident) -> None:
+        import aiohttp
+
+        body = {"text": text, "event": what, "incident": inc.to_json()}
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+                async with s.post(self.cfg.webhook, json=body) as resp:
+                    if resp.status >= 300:
+                        log.warning("webhook answered HTTP %s", resp.status)
+        except Exception as e:
+            log.warning("webhook failed: %s", e)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "uptime_s": round(time.time() - self.started_s, 1), "capture": str(self.cfg.capture_dir),
+                "records": dict(self.writer.counts), "sources": {k: {"ok": v[0], "detail": v[1]} for k, v in self._status.items()},
+                "open_incidents": len(self.live.open_incidents)}
+
+    def report_html(self) -> str | None:
+        try:
+            from ..report.html import render_html
+        except ImportError:
+            return None
+        from ..capture import load
+        from ..diagnosis import diagnose
+
+        self.writer.flush()
+        return render_html(diagnose(load(self.cfg.capture_dir), self.cfg.rules, self.cfg.options))
+
+    async def _start_http(self) -> None:
+        from aiohttp import web
+
+        if self.cfg.listen:
+            host, port = host_port(self.cfg.listen, 9400)
+            app = make_app(self.metrics, lambda: [i.to_json() for i in self.live.incidents], self.health,
+                           self.report_html, self.cfg.token)
+            await self._site(web, app, host, port, "endpoints")
+        if self.cfg.proxy:
+            from .proxy import make_proxy_app
+
+            host, port = host_port(self.cfg.proxy, 9000)
+            await self._site(web, make_proxy_app(self.cfg.server_url, self, store_text=self.cfg.store_text), host, port, "proxy")
+        if self.cfg.otlp_receiver:
+            from .otlp_receiver import make_app as make_receiver
+
+            host, port = host_port(self.cfg.otlp_receiver, 4318)
+            await self._site(web, make_receiver(self), host, port, "otlp")
+
+    async def _site(self, web, app, host: str, port: int, what: str) -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        self._runners.append(runner)
+        log.info("%s listening on http://%s:%d", what, host, port)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError):  # not the main thread (tests) or Windows
+                pass
+        if self.cfg.otlp_endpoint:
+            from .otel_export import OtelExport
+
+            self.otel = OtelExport(self.cfg.otlp_endpoint)
+        try:
+            await self._start_http()
+            tasks = [asyncio.create_task(self._poll(c)) for c in self.cfg.collectors]
+            tasks.append(asyncio.create_task(self._diagnose_loop()))
+            if self.cfg.duration_s:
+                loop.call_later(self.cfg.duration_s, self.stop)
+            await self._stop.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for runner in self._runners:
+                await runner.cleanup()
+            try:
+                self.diagnose_now()
+            except Exception:
+                log.exception("final diagnosis failed")
+            if self.otel:
+                self.otel.shutdown()
+            self.writer.close()
+
+
+def _time(record: Any) -> float:
+    t = getattr(record, "time_s", None)
+    if t is None:
+        t = record.finish_s or record.arrival_s or 0.0
+    return t

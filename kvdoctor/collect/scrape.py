@@ -1,0 +1,116 @@
+"""Engine metrics: scrape ``/metrics``, map to neutral names, read engine config, and notice
+when the server goes down, comes back, or restarts (its counters fall back)."""
+from __future__ import annotations
+
+import logging
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import orjson
+
+from ..engines import llamacpp_config_from_props, parse_scrape
+from ..errors import InputError
+from ..model import EngineSample, Event
+from .base import SourceUnavailable
+
+log = logging.getLogger(__name__)
+
+#: counters whose fall means the engine restarted (any one present suffices)
+RESTART_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "request_success_total", "requests_total")
+CONFIG_EVERY_S = 30.0
+
+
+def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Accept": "text/plain, application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read() or b""
+
+
+class ScrapeCollector:
+    name = "scrape"
+
+    def __init__(self, base_url: str, interval_s: float = 1.0, timeout_s: float = 2.0, server: str | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.server = server or self.base_url
+        self.engine: str | None = None
+        self.config: dict[str, Any] = {}
+        self._up: bool | None = None
+        self._last_counters: dict[str, float] = {}
+        self._config_at = 0.0
+
+    def collect(self, now_s: float) -> list[Any]:
+        out: list[Any] = []
+        try:
+            status, body = http_get(f"{self.base_url}/metrics", self.timeout_s)
+        except (OSError, urllib.error.URLError) as e:
+            if self._up is not False:
+                out.append(Event(time_s=now_s, kind="server-down", server=self.server, detail={"reason": str(e)[:200]}))
+                self._up = False
+            raise SourceUnavailable(f"server unreachable at {self.base_url}: {getattr(e, 'reason', e)}", out) from None
+        if self._up is False:
+            out.append(Event(time_s=now_s, kind="server-up", server=self.server))
+        self._up = True
+        if status in (404, 501):
+            out += self._config(now_s, force=False)
+            raise SourceUnavailable(f"{self.base_url}/metrics answered {status}: metrics are off "
+                                    "(llama-server needs --metrics; SGLang --enable-metrics)", out)
+        if status != 200:
+            raise SourceUnavailable(f"{self.base_url}/metrics answered HTTP {status}", out)
+        try:
+            sample, config, engine = parse_scrape(body.decode("utf-8", "replace"), now_s, self.server)
+        except InputError as e:
+            raise SourceUnavailable(f"could not parse {self.base_url}/metrics: {e}", out) from None
+        self.engine = engine or self.engine
+        if self._restarted(sample):
+            out.append(Event(time_s=now_s, kind="server-restart", server=self.server,
+                             detail={"reason": "engine counters fell back"}))
+            self._config_at = 0.0
+        if config and any(self.config.get(k) != v for k, v in config.items()):
+            self.config.update(config)
+            out.append(Event(time_s=now_s, kind="config", server=self.server, detail=dict(config)))
+        out += self._config(now_s, force=False)
+        out.append(sample)
+        return out
+
+    def _restarted(self, sample: EngineSample) -> bool:
+        fell = False
+        for name in RESTART_COUNTERS:
+            v = sample.values.get(name)
+            if v is None:
+                continue
+            prev = self._last_counters.get(name)
+            if prev is not None and v < prev:
+                fell = True
+            self._last_counters[name] = v
+        return fell
+
+    def _config(self, now_s: float, force: bool) -> list[Any]:
+        """llama.cpp's /props and /slots (read every CONFIG_EVERY_S, and after a restart)."""
+        if self.engine not in (None, "llamacpp") or (not force and time.monotonic() - self._config_at < CONFIG_EVERY_S):
+            return []
+        self._config_at = time.monotonic()
+        try:
+            s1, props = http_get(f"{self.base_url}/props", self.timeout_s)
+            s2, slots = http_get(f"{self.base_url}/slots", self.timeout_s)
+        except (OSError, urllib.error.URLError):
+            return []
+        if s1 != 200:
+            return []
+        try:
+            cfg = llamacpp_config_from_props(orjson.loads(props), orjson.loads(slots) if s2 == 200 else None)
+        except orjson.JSONDecodeError:
+            return []
+        cfg.pop("slot_n_ctx", None)
+        if self.engine is None:
+            self.engine = "llamacpp"
+        if all(self.config.get(k) == v for k, v in cfg.items()):
+            return []
+        self.config.update(cfg)
+        return [Event(time_s=now_s, kind="config", server=self.server, detail={**cfg, "engine": "llamacpp"})]

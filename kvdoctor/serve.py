@@ -1,0 +1,68 @@
+"""The sidecar's own HTTP endpoints: /healthz, /metrics, /incidents, /report.
+
+Metrics are prometheus-client objects made from the table in kvdoctor/exported.py, on a
+registry of our own (so tests and several agents in one process do not collide).
+"""
+from __future__ import annotations
+
+import hmac
+from typing import Any, Callable
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .exported import METRICS
+
+
+class Metrics:
+    """kvdoctor_* metrics by name: ``metrics["kvdoctor_ttft_seconds"].labels(quantile="0.99").set(x)``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._m: dict[str, Any] = {}
+        for m in METRICS:
+            cls = Counter if m.kind == "counter" else Gauge
+            name = m.name.removesuffix("_total") if m.kind == "counter" else m.name
+            self._m[m.name] = cls(name, m.doc, labelnames=m.labels, registry=self.registry)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._m[name]
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def make_app(metrics: Metrics, incidents: Callable[[], list[dict[str, Any]]], health: Callable[[], dict[str, Any]],
+             report_html: Callable[[], str | None] | None = None, token: str | None = None) -> web.Application:
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        if token and request.path != "/healthz":
+            got = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+                return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                         headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.json_response(health(), dumps=lambda o: orjson.dumps(o).decode())
+
+    async def metrics_handler(_request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def incidents_handler(_request: web.Request) -> web.Response:
+        return web.json_response({"incidents": incidents()}, dumps=lambda o: orjson.dumps(o).decode())
+
+    async def report_handler(_request: web.Request) -> web.Response:
+        html = report_html() if report_html else None
+        if html is None:
+            return web.Response(status=503, text="no report yet: the sidecar has not captured enough to report\n")
+        return web.Response(text=html, content_type="text/html")
+
+    app = web.Application(middlewares=[auth])
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/incidents", incidents_handler)
+    app.router.add_get("/report", report_handler)
+    return app
