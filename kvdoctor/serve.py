@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .exported import METRICS
@@ -20,6 +20,7 @@ class Metrics:
     """kvdoctor_* metrics by name: ``metrics["kvdoctor_ttft_seconds"].labels(quantile="0.99").set(x)``."""
 
     def __init__(self) -> None:
+        disable_created_metrics()  # *_created series only confuse dashboards of a sidecar
         self.registry = CollectorRegistry()
         self._m: dict[str, Any] = {}
         for m in METRICS:

@@ -54,6 +54,8 @@ def cli() -> None:
 
 def _register() -> None:
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if mod.name.startswith("_"):
+            continue
         module = importlib.import_module(f"{__name__}.{mod.name}")
         command = getattr(module, "command", None)
         if isinstance(command, click.Command):

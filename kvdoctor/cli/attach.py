@@ -47,7 +47,7 @@ def _collectors(server_url: str, gpu: str, pid: int | None, scrape_interval: flo
         if nvml_replay:
             from ..collect.nvml import ReplayNvml
 
-            nvml = ReplayNvml.load(nvml_replay)
+            nvml = ReplayNvml(nvml_replay, loop=True)
         out.append(NvmlCollector(gpus=gpus, server_pids=host.server_pids if host else None, nvml=nvml, interval_s=gpu_interval))
     return out
 

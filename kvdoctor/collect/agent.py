@@ -253,7 +253,8 @@ class Agent:
             await self._site(web, make_receiver(self), host, port, "otlp")
 
     async def _site(self, web, app, host: str, port: int, what: str) -> None:
-        runner = web.AppRunner(app, access_log=None)
+        # auto_decompress off: the proxy passes bodies byte for byte, the OTLP receiver inflates itself
+        runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await runner.setup()
         await web.TCPSite(runner, host, port).start()
         self._runners.append(runner)

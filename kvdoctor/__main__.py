@@ -1,0 +1,4 @@
+"""python -m kvdoctor"""
+from .cli import main
+
+main()

@@ -1,0 +1,31 @@
+"""`kvdoctor report`: the interactive HTML report."""
+from __future__ import annotations
+
+import click
+
+from .diagnose import diagnosis_options, run_diagnosis
+
+
+@click.command("report")
+@diagnosis_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+              help="HTML file to write.")
+@click.option("--title", help="Page title (default: kvdoctor report · CAPTURE).")
+def command(capture, since, until, rules_dirs, slo, sets, lookback, step, output, title):
+    """One self-contained HTML file: the incidents, their evidence and fixes, and the charts
+    that support them. Works offline (plotly.js is embedded); open it in any browser.
+
+    \b
+    Examples:
+      kvdoctor report samples/aibrix-qps-4.1 -o report.html
+      kvdoctor report cap/ --slo ttft_p99=2s --slo tpot_p99=80ms --title "prod-a, Nov 30"
+
+    SLO lines on the charts use --slo, else the report defaults (TTFT P99 2 s, TPOT P99 100 ms,
+    ITL P99 200 ms, error rate 1%). Exit status: 0 done, 2 bad input, 3 bad rule file.
+    """
+    from ..report.html import render_report
+
+    diag = run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step)
+    path = render_report(diag, output, title=title)
+    n = len(diag.incidents)
+    click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB; {n} incident{'s' if n != 1 else ''})")

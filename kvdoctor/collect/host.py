@@ -1,0 +1,166 @@
+"""The server's process tree and the host, one HostSample per collect (psutil).
+
+The server is found by ``pid`` or by the TCP ``port`` it listens on (psutil.net_connections; when
+that is not allowed or shows no owner, the processes this user can inspect are scanned). Its tree is
+the process and all its descendants (vLLM's engine core and workers, ...):
+
+* ``server_cpu_cores``: change of the tree's CPU seconds (user + system, plus the children_* times
+  of reaped children, so short-lived helpers count) over wall time; None on the first collect
+* ``server_rss_bytes``: the sum of the tree's RSS (shared pages count once per process)
+* ``host_mem_used_bytes``: total - available; ``host_cpu_frac``: busy share of all CPUs since the last collect
+
+When the server's process goes away the collect raises SourceUnavailable carrying the host-only
+HostSample (and, the first time, a ``server-down`` Event); with a port the server is looked up again
+on each collect, and a new pid yields a ``server-restart`` Event.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+from ..model import Event, HostSample
+from .base import SourceUnavailable
+
+
+class HostCollector:
+    name = "host"
+
+    def __init__(self, pid: int | None = None, port: int | None = None, *, interval_s: float = 1.0,
+                 psutil_mod: Any = None, clock=time.monotonic):
+        self.pid, self.port, self.interval_s = pid, port, interval_s
+        self._ps = psutil_mod or importlib.import_module("psutil")
+        self._clock = clock
+        self._proc: Any = None
+        self._last_pid: int | None = None
+        self._gone: int | None = None  # pid seen to exit, until a server-down event says so
+        self._tree_pids: frozenset[int] = frozenset()
+        self._prev_tree: tuple[float, int, float] | None = None  # (clock, root pid, tree cpu s)
+        self._prev_host: tuple[float, float] | None = None  # (busy s, total s) over all CPUs
+
+    def server_pids(self) -> set[int]:
+        """The server tree's pids as of the last collect (empty when unknown)."""
+        return set(self._tree_pids)
+
+    def collect(self, now_s: float) -> list[Any]:
+        ps = self._ps
+        vm = ps.virtual_memory()
+        host = dict(host_mem_used_bytes=int(vm.total - vm.available), host_mem_total_bytes=int(vm.total),
+                    host_cpu_frac=self._host_cpu())
+        if self.pid is None and self.port is None:
+            return [HostSample(time_s=now_s, **host)]
+        try:
+            proc = self._resolve()
+        except SourceUnavailable as e:  # keep the host's numbers, and say once that the server went
+            e.records.append(HostSample(time_s=now_s, **host))
+            if self._gone is not None:
+                e.records.append(Event(time_s=now_s, kind="server-down", detail={"source": "host", "pid": self._gone}))
+                self._gone = None
+            raise
+        out: list[Any] = []
+        if self._last_pid is not None and proc.pid != self._last_pid:
+            out.append(Event(time_s=now_s, kind="server-restart",
+                             detail={"source": "host", "old_pid": self._last_pid, "new_pid": proc.pid}))
+            self._prev_tree = None
+        self._last_pid = proc.pid
+        tree = [proc]
+        try:
+            tree += proc.children(recursive=True)
+        except ps.Error:
+            pass
+        cpu_s, rss, pids = 0.0, 0, set()
+        for p in tree:
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    cpu_s += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+                    rss += p.memory_info().rss
+                pids.add(p.pid)
+            except ps.AccessDenied:
+                if p is proc:
+                    raise SourceUnavailable(f"cannot read server process {p.pid} (access denied); "
+                                            "run as its user or root") from None
+            except ps.NoSuchProcess:
+                continue  # a child exited while we walked the tree
+        self._tree_pids = frozenset(pids)
+        t_now, cores = self._clock(), None
+        if self._prev_tree is not None and self._prev_tree[1] == proc.pid and t_now > self._prev_tree[0]:
+            cores = max(cpu_s - self._prev_tree[2], 0.0) / (t_now - self._prev_tree[0])
+        self._prev_tree = (t_now, proc.pid, cpu_s)
+        out.insert(0, HostSample(time_s=now_s, server_cpu_cores=cores, server_rss_bytes=rss, server_pid=proc.pid,
+                                 **host))
+        return out
+
+    def _host_cpu(self) -> float | None:
+        t = self._ps.cpu_times()
+        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # Linux counts guest in user
+        busy = total - t.idle - getattr(t, "iowait", 0.0)
+        prev, self._prev_host = self._prev_host, (busy, total)
+        if prev is None or total <= prev[1]:
+            return None
+        return min(max((busy - prev[0]) / (total - prev[1]), 0.0), 1.0)
+
+    # -- finding the server
+    def _alive(self, proc: Any) -> bool:
+        try:
+            return proc.is_running() and proc.status() != self._ps.STATUS_ZOMBIE
+        except self._ps.Error:
+            return False
+
+    def _resolve(self) -> Any:
+        ps = self._ps
+        if self._proc is not None and self._alive(self._proc):
+            return self._proc
+        if self._proc is not None:
+            self._gone, self._proc, self._tree_pids = self._proc.pid, None, frozenset()
+        if self.pid is not None and self._last_pid is None:  # first time: the pid asked for
+            try:
+                proc = ps.Process(self.pid)
+            except ps.NoSuchProcess:
+                proc = None
+            if proc is not None and self._alive(proc):
+                self._proc = proc
+                return proc
+            if self.port is None:
+                raise SourceUnavailable(f"server process {self.pid} not found")
+        if self.port is None:
+            raise SourceUnavailable(f"server process {self.pid} exited; pass --port to follow restarts")
+        pid = self._listener_pid(self.port)
+        try:
+            self._proc = ps.Process(pid)
+        except ps.NoSuchProcess:
+            raise SourceUnavailable(f"server process {pid} on port {self.port} exited while being looked up") from None
+        return self._proc
+
+    def _listener_pid(self, port: int) -> int:
+        ps = self._ps
+        pids: set[int] = set()
+        unowned = False
+        try:
+            for c in ps.net_connections(kind="tcp"):
+                if c.status == ps.CONN_LISTEN and c.laddr and c.laddr.port == port:
+                    if c.pid:
+                        pids.add(c.pid)
+                    else:
+                        unowned = True
+        except (ps.AccessDenied, PermissionError):
+            pass
+        if not pids:  # not allowed, or owners hidden: look at the processes we may inspect
+            for p in ps.process_iter():
+                try:
+                    conns = p.net_connections(kind="tcp") if hasattr(p, "net_connections") else p.connections("tcp")
+                except ps.Error:
+                    continue
+                if any(c.status == ps.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+                    pids.add(p.pid)
+        if not pids:
+            why = (f"TCP port {port} is open but its process cannot be inspected by this user; run as root"
+                   if unowned else f"nothing listens on TCP port {port}; is the server up?")
+            raise SourceUnavailable(f"server not found: {why} (or pass --pid)")
+        return min(pids, key=lambda pid: (self._ppid(pid) in pids, pid))  # workers inherit the socket
+
+    def _ppid(self, pid: int) -> int | None:
+        try:
+            return self._ps.Process(pid).ppid()
+        except self._ps.Error:
+            return None
