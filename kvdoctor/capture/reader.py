@@ -49,6 +49,8 @@ REQUEST_SCHEMA = pa.schema(
         ("model", pa.string()),
         ("server", pa.string()),
         ("output_repetition", pa.float64()),
+        ("baseline_agreement_frac", pa.float64()),
+        ("baseline_output_repetition", pa.float64()),
     ]
 )
 
@@ -240,7 +242,7 @@ def _read_table(folder: Path, kind: str, warnings: list[str]) -> pa.Table:
     ropts = pajson.ReadOptions(block_size=1 << 20)
     for seg in segments(folder, kind):
         data = _read_complete(seg, warnings)
-        if not data.strip():
+        if not data:
             continue
         try:
             table = pajson.read_json(pa.BufferReader(pa.py_buffer(data)), read_options=ropts)
