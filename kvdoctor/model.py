@@ -48,6 +48,10 @@ class RequestRecord:
     server: str | None = None
     #: share of the output that repeats earlier n-grams (0 = none, 1 = all); no text kept
     output_repetition: float | None = None
+    #: `kvdoctor quality`: the same prompt on a baseline server (greedy): how much of the output
+    #: agrees before the first differing word (1 = identical), and the baseline's repetition
+    baseline_agreement_frac: float | None = None
+    baseline_output_repetition: float | None = None
     #: only when the user asked for text to be stored (--store-text)
     prompt_text: str | None = None
     output_text: str | None = None

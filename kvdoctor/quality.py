@@ -29,6 +29,8 @@ class Comparison:
     candidate_repetition: float | None
     baseline_s: float
     candidate_s: float
+    started_s: float = 0.0
+    candidate_output_tokens: int | None = None
 
 
 def read_prompts(path: Path) -> list[list[dict[str, str]]]:
@@ -59,7 +61,7 @@ def read_prompts(path: Path) -> list[list[dict[str, str]]]:
     return prompts
 
 
-def complete(url: str, messages: list[dict[str, str]], max_tokens: int, timeout_s: float) -> tuple[str, int | None, float]:
+def complete(url: str, messages: list[dict[str, str]], max_tokens: int, timeout_s: float) -> tuple[str, int | None, float, int | None]:
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "top_k": 1, "seed": 0, "stream": False}
     req = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=orjson.dumps(body),
                                  headers={"Content-Type": "application/json"})
@@ -72,7 +74,8 @@ def complete(url: str, messages: list[dict[str, str]], max_tokens: int, timeout_
     except (urllib.error.URLError, OSError) as e:
         raise InputError(f"{url}: cannot reach the server ({getattr(e, 'reason', e)})") from None
     text = data["choices"][0]["message"].get("content") or ""
-    return text, (data.get("usage") or {}).get("prompt_tokens"), time.perf_counter() - t
+    usage = data.get("usage") or {}
+    return text, usage.get("prompt_tokens"), time.perf_counter() - t, usage.get("completion_tokens")
 
 
 def agreement(a: str, b: str) -> float:
@@ -91,9 +94,11 @@ def compare(baseline: str, candidate: str, prompts: list[list[dict[str, str]]], 
             timeout_s: float = 300.0, progress=None) -> list[Comparison]:
     out = []
     for i, messages in enumerate(prompts):
-        a, n_prompt, ta = complete(baseline, messages, max_tokens, timeout_s)
-        b, _, tb = complete(candidate, messages, max_tokens, timeout_s)
-        out.append(Comparison(i, n_prompt, len(a.split()), len(b.split()), agreement(a, b), repetition(a), repetition(b), ta, tb))
+        a, n_prompt, ta, _ = complete(baseline, messages, max_tokens, timeout_s)
+        started = time.time()
+        b, _, tb, n_out = complete(candidate, messages, max_tokens, timeout_s)
+        out.append(Comparison(i, n_prompt, len(a.split()), len(b.split()), agreement(a, b), repetition(a), repetition(b),
+                              ta, tb, started, n_out))
         if progress:
             progress(i + 1, len(prompts))
     return out
@@ -132,3 +137,18 @@ def verdict(rows: list[dict[str, Any]], min_gap: float = 0.15) -> str:
         return (f"DEGRADED at long context: candidate repetition {long_['candidate_repetition_p50']:.2f} vs baseline "
                 f"{long_['baseline_repetition_p50']:.2f}; agreement {long_['agreement_p50']:.2f} vs {short['agreement_p50']:.2f} at short context")
     return "no degradation beyond noise"
+
+
+def write_capture(results: list[Comparison], out: Path, candidate: str, config: dict[str, Any]) -> None:
+    """The candidate's requests as a capture, each carrying its baseline comparison, so that
+    `kvdoctor diagnose` can judge kv-quant-quality against the baseline."""
+    from .capture import CaptureWriter
+    from .model import CaptureMeta, RequestRecord
+
+    meta = CaptureMeta(created_unix_s=time.time(), server=candidate, origin="quality", config=dict(config))
+    with CaptureWriter(out, meta) as w:
+        for r in results:
+            w.write(RequestRecord(request_id=f"q{r.index}", arrival_s=r.started_s, e2e_s=r.candidate_s,
+                                  prompt_tokens=r.prompt_tokens, output_tokens=r.candidate_output_tokens,
+                                  output_repetition=r.candidate_repetition, baseline_agreement_frac=r.agreement_frac,
+                                  baseline_output_repetition=r.baseline_repetition, server=candidate, status="ok"))

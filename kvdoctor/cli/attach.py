@@ -52,6 +52,17 @@ def _collectors(server_url: str, gpu: str, pid: int | None, scrape_interval: flo
     return out
 
 
+def _limit_malloc_arenas(n: int = 2) -> None:
+    """glibc gives each thread its own malloc arena (up to 8 per core); a sidecar with a few
+    threads then holds far more memory than it uses. Two arenas keep its RSS small."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-8, n)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 @click.command("attach")
 @click.option("--server", "server_url", required=True, metavar="URL",
               help="The inference server: scraped for /metrics, and the proxy's upstream.")
@@ -116,6 +127,7 @@ def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu
         max_capture_bytes=max_capture_bytes, duration_s=duration,
         collectors=_collectors(server_url, gpu, pid, scrape_interval, gpu_interval, nvml_replay, not no_scrape),
     )
+    _limit_malloc_arenas()
     logging.getLogger("kvdoctor.attach").info("capturing to %s (Ctrl-C to stop)", capture)
     asyncio.run(Agent(cfg).run())
     click.echo(f"capture closed: {capture}  (next: kvdoctor summary {capture})", err=True)

@@ -16,7 +16,9 @@ from .common import progress_callback
 @click.option("--max-tokens", default=128, show_default=True, help="Tokens to generate per prompt (greedy).")
 @click.option("--buckets", default=4, show_default=True, help="Context-length buckets in the table.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt):
+@click.option("--capture", "capture_dir", type=click.Path(), help="Also write the candidate's requests with their baseline comparison as a capture (for diagnose/report).")
+@click.option("--candidate-config", multiple=True, metavar="KEY=VALUE", help="The candidate's KV settings for the capture, e.g. cache_type_k=q4_0.")
+def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, capture_dir, candidate_config):
     """Same long prompts, greedy decoding, against both servers: divergence and repetition per
     context length. Exit 0 with a verdict line; no prompt or output text is kept.
 
@@ -24,15 +26,20 @@ def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt):
     Example:
       llama-server -m model.gguf -c 16384 -fa on --port 8081                       # baseline
       llama-server -m model.gguf -c 16384 -fa on -ctk q4_0 -ctv q4_0 --port 8082   # candidate
-      kvdoctor quality --baseline http://127.0.0.1:8081 --candidate http://127.0.0.1:8082 --prompts long.jsonl
+      kvdoctor quality --baseline http://127.0.0.1:8081 --candidate http://127.0.0.1:8082 --prompts long.jsonl \\
+          --capture q4cap/ --candidate-config cache_type_k=q4_0 --candidate-config cache_type_v=q4_0
+      kvdoctor diagnose q4cap/      # kv-quant-quality, judged against the baseline
     """
-    from ..quality import by_context, compare, read_prompts, verdict
+    from ..quality import by_context, compare, read_prompts, verdict, write_capture
+    from .attach import _engine_config
 
     prompts = read_prompts(Path(prompts_path))
     with progress_callback("prompts", unit="prompt") as progress:
         results = compare(baseline, candidate, prompts, max_tokens, progress=progress)
     rows = by_context(results, buckets)
     summary = verdict(rows)
+    if capture_dir:
+        write_capture(results, Path(capture_dir), candidate, _engine_config(candidate_config))
     if fmt == "json":
         click.echo(orjson.dumps({"verdict": summary, "by_context": rows,
                                  "prompts": [r.__dict__ for r in results]}, option=orjson.OPT_INDENT_2).decode())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import logging
 import signal
@@ -72,6 +73,9 @@ class Agent:
         self.started_s = time.time()
         self.steps = 0
         self.otel = None
+        # two workers suffice for the blocking reads (NVML, psutil, HTTP scrape), and fewer
+        # threads mean fewer malloc arenas: part of keeping the sidecar under ~100 MiB
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvdoctor-source")
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
@@ -121,7 +125,7 @@ class Agent:
         while not self._stop.is_set():
             now = time.time()
             try:
-                records = await loop.run_in_executor(None, c.collect, now)
+                records = await loop.run_in_executor(self._pool, c.collect, now)
                 self.source_status(c.name, True)
             except SourceUnavailable as e:
                 records = e.records
@@ -293,6 +297,7 @@ class Agent:
                 log.exception("final diagnosis failed")
             if self.otel:
                 self.otel.shutdown()
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self.writer.close()
 
 

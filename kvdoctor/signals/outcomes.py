@@ -103,3 +103,49 @@ def repetition_gap(w):
     if hi <= lo:
         return np.nan
     return float(np.median(r[p >= hi]) - np.median(r[p <= lo]))
+
+
+def _by_length(w, column: str) -> tuple[float, float]:
+    """Median of a column for the longest and the shortest quarter of prompts."""
+    p, v = w.r("prompt_tokens"), w.r(column)
+    m = np.isfinite(p) & np.isfinite(v)
+    if m.sum() < 8:
+        return np.nan, np.nan
+    p, v = p[m], v[m]
+    lo, hi = np.percentile(p, 25), np.percentile(p, 75)
+    if hi <= lo:
+        return np.nan, np.nan
+    return float(np.median(v[p >= hi])), float(np.median(v[p <= lo]))
+
+
+@signal("baseline_compared", "bool")
+def baseline_compared(w):
+    """1 when requests carry a baseline comparison (`kvdoctor quality --capture`), else 0."""
+    return float(np.isfinite(w.r("baseline_agreement_frac")).sum() >= 8)
+
+
+@signal("baseline_repetition_gap_long", "fraction")
+def baseline_rep_gap(w):
+    """At the longest quarter of prompts: median repetition of the outputs minus that of the
+    baseline server's outputs for the same prompts."""
+    p, r, b = w.r("prompt_tokens"), w.r("output_repetition"), w.r("baseline_output_repetition")
+    m = np.isfinite(p) & np.isfinite(r) & np.isfinite(b)
+    if m.sum() < 8:
+        return np.nan
+    hi = np.percentile(p[m], 75)
+    sel = m & (p >= hi)
+    return float(np.median(r[sel] - b[sel]))
+
+
+@signal("baseline_agreement_long_p50", "fraction")
+def agreement_long(w):
+    """Median agreement with the baseline at the longest quarter of prompts (1 = identical)."""
+    return _by_length(w, "baseline_agreement_frac")[0]
+
+
+@signal("baseline_agreement_drop", "fraction")
+def agreement_drop(w):
+    """Agreement with the baseline at short context minus at long context: divergence that
+    grows with context length."""
+    long_, short = _by_length(w, "baseline_agreement_frac")
+    return short - long_

@@ -19,7 +19,8 @@ _CONTEXT_ERROR = re.compile(r"context|kv cache|too long|exceed|max_model_len|max
 
 REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s",
                    "itl_p50_s", "itl_p99_s", "itl_max_s", "prompt_tokens", "output_tokens",
-                   "cached_prompt_tokens", "turn", "output_repetition", "http_status")
+                   "cached_prompt_tokens", "turn", "output_repetition", "http_status",
+                   "baseline_agreement_frac", "baseline_output_repetition")
 
 
 class Prepared:
