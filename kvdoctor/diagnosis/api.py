@@ -48,6 +48,8 @@ class Diagnosis:
     start_s: float
     end_s: float
     warnings: list[str] = field(default_factory=list)
+    #: the analysed capture, kept so reports reuse it instead of preparing it again
+    prepared: Prepared | None = field(default=None, repr=False)
 
     def time_label(self, t: float) -> str:
         if self.capture.meta.clock == "unix" and t > 1e9:
@@ -113,4 +115,4 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
     options = options or Options()
     prep = Prepared(capture, options.slo)
     found = incidents(prep, rules, options, progress) if (len(capture.requests) or len(prep.engine_t) or len(prep.gpu_t)) else []
-    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, list(capture.warnings))
+    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, list(capture.warnings), prep)

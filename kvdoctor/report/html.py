@@ -387,7 +387,7 @@ def _json(obj: Any) -> str:
 def render_html(diag: Diagnosis, title: str | None = None, charts: dict[str, F.Chart] | None = None,
                 prep: Prepared | None = None) -> str:
     """The report page for a diagnosis, as one HTML string."""
-    prep = prep or Prepared(diag.capture, diag.options.slo)
+    prep = prep or diag.prepared or Prepared(diag.capture, diag.options.slo)
     charts = charts if charts is not None else F.build_charts(diag, prep)
     return _Page(diag, charts, prep, title).render()
 

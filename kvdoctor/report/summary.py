@@ -122,7 +122,7 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
 def _healthy_line(diag: Diagnosis) -> str:
     from ..signals import Prepared
 
-    w = Prepared(diag.capture).window(diag.start_s, diag.end_s)
+    w = (diag.prepared or Prepared(diag.capture)).window(diag.start_s, diag.end_s)
     keys = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "error_rate", "prompt_p50_tokens",
             "prompt_p99_tokens", "prefix_hit_rate_achievable", "request_rate_per_s")
     parts = [_evidence_line(k, w.value(k)) for k in keys if not math.isnan(w.value(k))]
