@@ -1,0 +1,208 @@
+"""Real-server scenarios: a real llama-server, kvdoctor attached in proxy + scrape mode, a
+real streaming load through the proxy. Each writes a capture plus the client's own timings
+(``client-timings.jsonl``, the ground truth) and names the rule it should make the top cause.
+
+    python -m kvdoctor.testing.scenarios multi-turn -o samples/multi-turn
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import orjson
+
+from ..collect.agent import Agent, AttachConfig
+from ..collect.host import HostCollector
+from ..collect.scrape import ScrapeCollector
+from ..diagnosis import Options, load_rules
+from . import loadgen
+from .llama_server import LlamaServer, free_port
+
+
+@dataclass(frozen=True)
+class Phase:
+    requests: Callable[[], list[loadgen.ChatRequest]]
+    concurrency: int
+    arrival_rate_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    doc: str
+    phases: tuple[Phase, ...]
+    expect: str | None  # rule that must be the top cause of an incident (None: no incident)
+    n_ctx: int = 4096
+    parallel: int = 2
+    server_args: tuple[str, ...] = ()
+    engine_config: dict = field(default_factory=dict)
+
+
+def _mix(short: list, long_: list, every: int) -> list:
+    out, li = [], iter(long_)
+    for i, r in enumerate(short):
+        out.append(r)
+        if i % every == every - 1:
+            out.append(next(li, None))
+    return [r for r in out + list(li) if r is not None]
+
+
+def _fixed(reqs: list[loadgen.ChatRequest]) -> list[loadgen.ChatRequest]:
+    """Generate exactly max_tokens (llama.cpp's ignore_eos): output length is then a setting,
+    not a property of the text, so latency differences are the server's."""
+    for r in reqs:
+        r.extra_body.setdefault("ignore_eos", True)
+    return reqs
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("healthy", "modest load, short prompts: no incident",
+             (Phase(lambda: _fixed(loadgen.short_prompts(40, max_tokens=24)), concurrency=2, arrival_rate_per_s=1.5),),
+             expect=None, n_ctx=4096, parallel=2),
+    Scenario("long-prompts", "short prompts mixed with very long ones: prefill-bound, short requests behind long prefills",
+             (Phase(lambda: _fixed(_mix(loadgen.short_prompts(36, max_tokens=16),
+                                        loadgen.long_prompts(9, tokens=1800, max_tokens=16), every=4)),
+                    concurrency=2, arrival_rate_per_s=0.8),),
+             expect="prefill-bound", n_ctx=8192, parallel=2),
+    Scenario("multi-turn", "conversations of 10 turns with growing history: kv-growth-per-turn",
+             (Phase(lambda: _fixed(loadgen.conversations(6, 10, max_tokens=48, user_tokens=80)), concurrency=3),),
+             expect="kv-growth-per-turn", n_ctx=3 * 4096, parallel=3),
+    Scenario("concurrency", "single streams, then 8 concurrent decodes on 8 slots: decode slows with batch size",
+             (Phase(lambda: _fixed(loadgen.short_prompts(12, max_tokens=64)), concurrency=1),
+              Phase(lambda: _fixed(loadgen.short_prompts(48, max_tokens=64, seed=5)), concurrency=8)),
+             expect="decode-bandwidth-bound", n_ctx=8 * 1024, parallel=8),
+    Scenario("context-overflow", "small context, long requests at concurrency: rejected for lack of KV space",
+             (Phase(lambda: _fixed(_mix(loadgen.long_prompts(20, tokens=250, max_tokens=32),
+                                        loadgen.long_prompts(20, tokens=700, max_tokens=32, seed=3), every=1)),
+                    concurrency=4),),
+             expect="kv-oom", n_ctx=2048, parallel=4),
+    Scenario("prefix-cache-on", "a long shared system prompt, prompt caching on: the cache serves it",
+             (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=True)), concurrency=1),),
+             expect=None, n_ctx=4096, parallel=1),
+    Scenario("prefix-cache-off", "the same requests with cache_prompt false: prefix-cache-ineffective",
+             (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=False)), concurrency=1),),
+             expect="prefix-cache-ineffective", n_ctx=4096, parallel=1),
+)}
+
+
+def _wait_port(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port}")
+
+
+class AttachedAgent:
+    """kvdoctor attached to a server, running in a thread of its own (as a sidecar would)."""
+
+    def __init__(self, server_url: str, capture: Path, server_pid: int | None, engine_config: dict | None = None,
+                 step_s: float = 5.0):
+        self.proxy_port = free_port()
+        cfg = AttachConfig(server_url=server_url, capture_dir=capture, listen=None, proxy=f"127.0.0.1:{self.proxy_port}",
+                           rules=load_rules(), options=Options(lookback_s=300, step_s=step_s),
+                           engine_config=dict(engine_config or {}),
+                           collectors=[ScrapeCollector(server_url, interval_s=1.0), HostCollector(pid=server_pid)])
+        self.agent = Agent(cfg)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.agent.run(),), daemon=True)
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
+
+    def __enter__(self) -> "AttachedAgent":
+        self.thread.start()
+        _wait_port(self.proxy_port)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.agent.stop)
+        self.thread.join(60)
+
+
+def run(scenario: Scenario, out: Path, *, log=print) -> list[loadgen.ClientTiming]:
+    """Run one scenario; the capture lands in ``out`` with client-timings.jsonl beside it."""
+    if out.exists():
+        shutil.rmtree(out)
+    timings: list[loadgen.ClientTiming] = []
+    with LlamaServer(list(scenario.server_args), n_ctx=scenario.n_ctx, parallel=scenario.parallel) as srv:
+        with AttachedAgent(srv.url, out, srv.pid, scenario.engine_config) as att:
+            for i, phase in enumerate(scenario.phases):
+                t = time.monotonic()
+                got = asyncio.run(loadgen.run_load(att.proxy_url, phase.requests(), phase.concurrency,
+                                                   phase.arrival_rate_per_s, timeout_s=300, max_duration_s=600))
+                timings += got
+                ok = sum(1 for x in got if x.status == "ok")
+                log(f"{scenario.name}: phase {i + 1}: {ok}/{len(got)} ok in {time.monotonic() - t:.0f} s")
+            time.sleep(1.5)  # one more scrape after the last request
+    with open(out / "client-timings.jsonl", "wb") as f:
+        for x in timings:
+            d = x.to_dict()
+            d.pop("chunk_times_s", None)
+            f.write(orjson.dumps(d) + b"\n")
+    return timings
+
+
+#: KV formats for the quality scenarios: candidate (-ctk/-ctv) against an f16 baseline
+KV_QUANT = {"kv-quant": "q4_0", "kv-quant-q8": "q8_0"}
+
+
+def quality_prompts(n: int = 12, shortest: int = 150, longest: int = 3200) -> list[list[dict[str, str]]]:
+    """Long-context prompts: a document of growing length, then a question about its start."""
+    out = []
+    for i, tokens in enumerate(np.linspace(shortest, longest, n).astype(int)):
+        doc = loadgen.filler_text(int(tokens), seed=1000 + i)
+        out.append([{"role": "user", "content": f"Here is a document.\n\n{doc}\n\nList the first ten words of the document, then explain what it is about."}])
+    return out
+
+
+def run_quality(name: str, out: Path, *, max_tokens: int = 64, log=print):
+    """Baseline (f16 KV) and candidate (quantised KV) servers, same prompts, greedy; writes the
+    candidate's capture with each request's baseline comparison (see `kvdoctor quality`)."""
+    from ..quality import by_context, compare, verdict, write_capture
+
+    kv = KV_QUANT[name]
+    if out.exists():
+        shutil.rmtree(out)
+    n_ctx = 4096
+    base_args = ["-fa", "on", "-ctk", "f16", "-ctv", "f16"]
+    cand_args = ["-fa", "on", "-ctk", kv, "-ctv", kv]
+    with LlamaServer(base_args, n_ctx=n_ctx) as base, LlamaServer(cand_args, n_ctx=n_ctx) as cand:
+        results = compare(base.url, cand.url, quality_prompts(), max_tokens)
+    write_capture(results, out, cand.url, {"cache_type_k": kv, "cache_type_v": kv, "flash_attn": "on",
+                                           "context_len_tokens": n_ctx, "max_running_requests": 1})
+    log(f"{name}: {verdict(by_context(results))}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", choices=sorted(SCENARIOS) + sorted(KV_QUANT) + ["all"])
+    ap.add_argument("-o", "--out", type=Path, help="capture folder (default: samples/NAME)")
+    args = ap.parse_args(argv)
+    names = sorted(SCENARIOS) + sorted(KV_QUANT) if args.name == "all" else [args.name]
+    for name in names:
+        out = args.out if args.out and len(names) == 1 else Path("samples") / name
+        if name in KV_QUANT:
+            run_quality(name, out)
+        else:
+            run(SCENARIOS[name], out)
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

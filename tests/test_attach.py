@@ -1,0 +1,181 @@
+"""`kvdoctor attach` against a real llama-server: numbers match the client, endpoints serve,
+incidents reach a webhook and an OTLP endpoint, restarts are survived, and the capture is
+crash-safe under SIGKILL and closed cleanly on SIGTERM."""
+import asyncio
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+import kvdoctor
+from kvdoctor.testing import loadgen
+from kvdoctor.testing.llama_server import LlamaServer, free_port
+from kvdoctor.testing.scenarios import _wait_port
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def server():
+    with LlamaServer(n_ctx=2048, parallel=2) as srv:
+        yield srv
+
+
+class Collector:
+    """A loopback HTTP endpoint that keeps what is POSTed to it (webhook, OTLP)."""
+
+    def __init__(self):
+        self.posts = []
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+        self.ready.wait(10)
+
+    def _run(self):
+        async def handle(request):
+            body = await request.read()
+            if request.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            self.posts.append((request.path, request.headers.get("Content-Type"), body))
+            return web.Response(status=200)
+
+        async def main():
+            app = web.Application()
+            app.router.add_post("/{tail:.*}", handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            self.ready.set()
+            await asyncio.Event().wait()
+
+        self.loop.run_until_complete(main())
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _attach(server, tmp_path, *extra, proxy=True):
+    cap = tmp_path / "cap"
+    listen, pport = free_port(), free_port()
+    args = [sys.executable, "-m", "kvdoctor", "attach", "--server", server.url, "--capture", str(cap),
+            "--listen", f"127.0.0.1:{listen}", "--gpu", "none", "--step", "1s", *extra]
+    if proxy:
+        args += ["--proxy", f"127.0.0.1:{pport}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_port(listen)
+    if proxy:
+        _wait_port(pport)
+    return proc, cap, f"http://127.0.0.1:{listen}", f"http://127.0.0.1:{pport}"
+
+
+def _get(url, token=None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.status, r.read().decode()
+
+
+def test_capture_matches_client_and_endpoints_serve(server, tmp_path):
+    proc, cap, api, proxy = _attach(server, tmp_path, "--token", "s3cret")
+    try:
+        reqs = loadgen.short_prompts(8, max_tokens=24)
+        timings = asyncio.run(loadgen.run_load(proxy, reqs, concurrency=2))
+        time.sleep(2.5)
+        status, body = _get(f"{api}/metrics", "s3cret")
+        assert status == 200 and 'kvdoctor_ttft_seconds{quantile="0.99"}' in body
+        assert "kvdoctor_requests_total" in body
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(f"{api}/metrics")
+        assert e.value.code == 401
+        assert json.loads(_get(f"{api}/healthz")[1])["status"] == "ok"  # health needs no token
+        assert "incidents" in json.loads(_get(f"{api}/incidents", "s3cret")[1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    c = kvdoctor.load(cap)
+    assert c.warnings == [], "SIGTERM must close the capture without a torn line"
+    assert len(c.requests) == len(timings) == 8
+    # pair each captured request with the client request sent at the same moment
+    order = np.argsort(c.requests.num("arrival_s"))
+    client = sorted(timings, key=lambda t: t.send_s)
+    assert np.max(np.abs(c.requests.num("arrival_s")[order] - [t.send_s for t in client])) < 0.05
+    d_ttft = c.requests.num("ttft_s")[order] - [t.ttft_s for t in client]
+    d_tpot = c.requests.num("tpot_s")[order] - [t.tpot_s for t in client]
+    # the proxy sees each chunk a hop earlier than the client: a few ms at most
+    assert np.median(np.abs(d_ttft)) < 0.008 and np.max(np.abs(d_ttft)) < 0.030, d_ttft
+    assert np.max(np.abs(d_tpot)) < 0.002, d_tpot
+    assert len(c.engine.time_s) >= 2 and c.meta.engine == "llamacpp"
+    assert c.meta.config.get("max_running_requests") == 2
+    assert "prompt_text" not in (cap / "requests-000001.jsonl").read_text()
+
+
+def test_sigkill_leaves_a_readable_capture(server, tmp_path):
+    proc, cap, _, proxy = _attach(server, tmp_path)
+    asyncio.run(loadgen.run_load(proxy, loadgen.short_prompts(4, max_tokens=8), concurrency=2))
+    time.sleep(1.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    c = kvdoctor.load(cap)  # must not raise
+    assert len(c.requests) == 4
+    assert len(c.engine.time_s) >= 1
+
+
+def test_incident_reaches_webhook_and_otlp(server, tmp_path):
+    hook, otlp = Collector(), Collector()
+    proc, cap, _, proxy = _attach(server, tmp_path, "--webhook", f"{hook.url}/hook", "--otlp-endpoint", otlp.url)
+    try:
+        # prompts far beyond the 1,024-token slot: refused for lack of context -> kv-oom / error-burst
+        reqs = loadgen.long_prompts(12, tokens=1400, max_tokens=8)
+        asyncio.run(loadgen.run_load(proxy, reqs, concurrency=2))
+        deadline = time.time() + 20
+        while time.time() < deadline and not hook.posts:
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert hook.posts, "an incident should have been posted to the webhook"
+    body = json.loads(hook.posts[0][2])
+    assert body["event"] == "opened" and "text" in body and body["incident"]["causes"][0]["rule"] in ("kv-oom", "error-burst")
+    assert any(p[0] == "/v1/traces" for p in otlp.posts), "incident spans should be exported over OTLP"
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    names = set()
+    for path, _, raw in otlp.posts:
+        if path == "/v1/traces":
+            msg = ExportTraceServiceRequest()
+            msg.ParseFromString(raw)
+            names |= {s.name for rs in msg.resource_spans for ss in rs.scope_spans for s in ss.spans}
+    assert "kvdoctor.incident.opened" in names
+
+
+def test_server_restart_is_survived(tmp_path):
+    with LlamaServer(n_ctx=1024, parallel=1) as srv:
+        proc, cap, api, _ = _attach(srv, tmp_path, proxy=False)
+        try:
+            time.sleep(2.5)
+            srv.stop()
+            time.sleep(3)
+            assert proc.poll() is None, "kvdoctor must not exit when the server goes away"
+            srv.start()
+            time.sleep(3.5)
+            health = json.loads(_get(f"{api}/healthz")[1])
+            assert health["sources"]["scrape"]["ok"] is True
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+    c = kvdoctor.load(cap)
+    kinds = [e["kind"] for e in c.events]
+    assert "server-down" in kinds and "server-up" in kinds
+    down = next(e["time_s"] for e in c.events if e["kind"] == "server-down")
+    assert (c.engine.time_s > down).sum() >= 2, "scraping resumes after the restart"

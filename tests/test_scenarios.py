@@ -1,0 +1,105 @@
+"""Every symptom reproduced on a real llama-server, with kvdoctor attached through its proxy:
+the expected rule must be the top cause of an incident, its evidence must agree with what the
+client measured, `healthy` must stay quiet, and no scenario may raise an unrelated incident."""
+import json
+
+import numpy as np
+import pytest
+
+import kvdoctor
+from kvdoctor.diagnosis import diagnose
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+#: rules that may accompany the expected one because they describe the same mechanism
+RELATED = {
+    "prefill-bound": {"prefill-bound", "long-prompt-hol-blocking", "queueing-saturation", "prompt-length-tail", "tail-latency"},
+    "kv-growth-per-turn": {"kv-growth-per-turn", "prefill-bound", "decode-bandwidth-bound", "queueing-saturation"},
+    "decode-bandwidth-bound": {"decode-bandwidth-bound", "queueing-saturation", "tail-latency"},
+    "kv-oom": {"kv-oom", "error-burst", "unsafe-concurrency", "prompt-length-tail", "queueing-saturation",
+               "long-prompt-hol-blocking", "prefill-bound"},
+    "prefix-cache-ineffective": {"prefix-cache-ineffective", "prefill-bound"},
+    None: set(),
+}
+
+
+@pytest.fixture(scope="module")
+def scenario_run(tmp_path_factory):
+    from kvdoctor.testing import scenarios
+
+    results = {}
+
+    def run(name):
+        if name not in results:
+            out = tmp_path_factory.mktemp("scenarios") / name
+            timings = scenarios.run(scenarios.SCENARIOS[name], out)
+            results[name] = (out, timings)
+        return results[name]
+
+    return run
+
+
+def _client(timings, attr):
+    return np.array([getattr(t, attr) for t in timings if t.status == "ok" and getattr(t, attr) is not None])
+
+
+@pytest.mark.parametrize("name", ["healthy", "long-prompts", "multi-turn", "concurrency", "context-overflow",
+                                  "prefix-cache-off", "prefix-cache-on"])
+def test_scenario_names_its_cause(scenario_run, name):
+    from kvdoctor.testing.scenarios import SCENARIOS
+
+    out, timings = scenario_run(name)
+    expect = SCENARIOS[name].expect
+    diag = diagnose(kvdoctor.load(out))
+    fired = {c.rule.id for inc in diag.incidents for c in inc.causes}
+    tops = [inc.causes[0].rule.id for inc in diag.incidents]
+    report = json.dumps(diag.to_json()["incidents"], indent=1)[:3000]
+    if expect is None:
+        assert not diag.incidents, f"{name} should raise no incident:\n{report}"
+    else:
+        assert expect in tops, f"{name}: expected {expect} as a top cause, got {tops}:\n{report}"
+        unrelated = fired - RELATED[expect]
+        assert not unrelated, f"{name}: unrelated rules fired {unrelated}:\n{report}"
+
+    # the capture's latencies are the client's, seen from the proxy: same requests, same numbers
+    cap = kvdoctor.load(out)
+    ok = cap.requests.strings("status")
+    ttft = cap.requests.num("ttft_s")[[s == "ok" for s in ok]]
+    client_ttft = _client(timings, "ttft_s")
+    assert len(ttft) == len(client_ttft), "every successful client request is in the capture"
+    # proxy-side TTFT excludes only the proxy hop itself
+    assert abs(np.percentile(ttft, 50) - np.percentile(client_ttft, 50)) < 0.010
+    assert abs(np.percentile(ttft, 99) - np.percentile(client_ttft, 99)) < 0.020
+
+
+def test_multi_turn_evidence_matches_client(scenario_run):
+    out, timings = scenario_run("multi-turn")
+    diag = diagnose(kvdoctor.load(out))
+    cause = next(c for inc in diag.incidents for c in inc.causes if c.rule.id == "kv-growth-per-turn")
+    # ground truth: client-side median TPOT per turn rises
+    turns = sorted({t.turn for t in timings})
+    med = [np.median([t.tpot_s for t in timings if t.turn == k and t.tpot_s]) for k in turns]
+    client_growth = np.polyfit(turns, med, 1)[0] / med[0]
+    assert cause.evidence["tpot_growth_per_turn_frac"] == pytest.approx(client_growth, rel=0.35, abs=0.01)
+    assert cause.evidence["turn_max"] == 10
+
+
+def test_prefix_cache_off_vs_on(scenario_run):
+    off, _ = scenario_run("prefix-cache-off")
+    on, _ = scenario_run("prefix-cache-on")
+    d_off = diagnose(kvdoctor.load(off)).to_json()
+    cause = next(c for inc in d_off["incidents"] for c in inc["causes"] if c["rule"] == "prefix-cache-ineffective")
+    assert cause["evidence"]["prefix_hit_rate_achievable"]["value"] > 0.8
+    assert cause["evidence"]["prefix_hit_rate_achieved"]["value"] < 0.1
+    from kvdoctor.signals import Prepared
+
+    p = Prepared(kvdoctor.load(on))
+    assert p.window(p.start_s, p.end_s).value("prefix_hit_rate_achieved") > 0.7
+
+
+def test_context_overflow_errors_match_client(scenario_run):
+    out, timings = scenario_run("context-overflow")
+    client_errors = sum(1 for t in timings if t.status != "ok")
+    cap = kvdoctor.load(out)
+    assert client_errors > 0
+    assert sum(1 for s in cap.requests.strings("status") if s != "ok") == client_errors
