@@ -289,6 +289,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 _FORBIDDEN_EXTRA = {"--host", "--port", "-m", "--model", "-hf", "--hf-repo", "-mu", "--model-url"}
 
 
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM when the process that started it dies, so a killed test
+    run or timed-out script never leaves a server spinning on the CPUs."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class LlamaServer:
     """A ``llama-server`` child process on 127.0.0.1; a context manager.
 
@@ -367,7 +378,8 @@ class LlamaServer:
         self._log_fh.write(f"\n$ {' '.join(self.cmdline())}\n".encode())
         self._log_fh.flush()
         self._proc = subprocess.Popen(self.cmdline(), stdout=self._log_fh, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_die_with_parent)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -160,7 +160,7 @@ def run(scenario: Scenario, out: Path, *, log=print) -> list[loadgen.ClientTimin
 KV_QUANT = {"kv-quant": "q4_0", "kv-quant-q8": "q8_0"}
 
 
-def quality_prompts(n: int = 12, shortest: int = 150, longest: int = 3200) -> list[list[dict[str, str]]]:
+def quality_prompts(n: int = 8, shortest: int = 100, longest: int = 1800) -> list[list[dict[str, str]]]:
     """Long-context prompts: a document of growing length, then a question about its start."""
     out = []
     for i, tokens in enumerate(np.linspace(shortest, longest, n).astype(int)):
@@ -169,7 +169,7 @@ def quality_prompts(n: int = 12, shortest: int = 150, longest: int = 3200) -> li
     return out
 
 
-def run_quality(name: str, out: Path, *, max_tokens: int = 64, log=print):
+def run_quality(name: str, out: Path, *, max_tokens: int = 48, log=print):
     """Baseline (f16 KV) and candidate (quantised KV) servers, same prompts, greedy; writes the
     candidate's capture with each request's baseline comparison (see `kvdoctor quality`)."""
     from ..quality import by_context, compare, verdict, write_capture
