@@ -36,9 +36,15 @@ class Prepared:
             t = req.num("finish_s")
         if np.all(np.isnan(t)):  # no times at all (e.g. a benchmark summary): one window, in file order
             t = np.arange(len(req), dtype=float)
-        order = np.argsort(np.where(np.isnan(t), np.inf, t), kind="stable")
-        self.t = t[order]
-        self.col = {name: req.num(name)[order] for name in REQUEST_COLUMNS}
+        keyed = np.where(np.isnan(t), np.inf, t)
+        if len(keyed) < 2 or bool(np.all(keyed[1:] >= keyed[:-1])):
+            order = np.arange(len(t))  # already in arrival order (the usual case): no gathers
+            self.t = t
+            self.col = {name: req.num(name) for name in REQUEST_COLUMNS}
+        else:
+            order = np.argsort(keyed, kind="stable")
+            self.t = t[order]
+            self.col = {name: req.num(name)[order] for name in REQUEST_COLUMNS}
         status_codes, status_labels = req.codes("status")
         status = np.array(status_labels + [""], dtype=object)[status_codes[order]]
         self.is_error = status != "ok"
@@ -66,7 +72,7 @@ class Prepared:
         fin = self.col["finish_s"]
         if np.all(np.isnan(fin)):
             return np.full(len(arr), np.nan)
-        fin_sorted = np.sort(np.where(np.isnan(fin), np.inf, fin))
+        fin_sorted = np.sort(np.where(np.isnan(fin), np.inf, fin), kind="stable")  # nearly sorted: timsort is fast
         started = np.searchsorted(arr, arr, side="right")
         finished = np.searchsorted(fin_sorted, arr, side="right")
         return (started - finished).astype(float)
