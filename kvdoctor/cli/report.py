@@ -8,10 +8,11 @@ from .diagnose import diagnosis_options, run_diagnosis
 
 @click.command("report")
 @diagnosis_options
+@click.argument("after", required=False, type=click.Path())
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
               help="HTML file to write.")
 @click.option("--title", help="Page title (default: kvdoctor report · CAPTURE).")
-def command(capture, since, until, rules_dirs, slo, sets, lookback, step, output, title):
+def command(capture, after, since, until, rules_dirs, slo, sets, lookback, step, output, title):
     """One self-contained HTML file: the incidents, their evidence and fixes, and the charts
     that support them. Works offline (plotly.js is embedded); open it in any browser.
 
@@ -19,10 +20,25 @@ def command(capture, since, until, rules_dirs, slo, sets, lookback, step, output
     Examples:
       kvdoctor report samples/aibrix-qps-4.1 -o report.html
       kvdoctor report cap/ --slo ttft_p99=2s --slo tpot_p99=80ms --title "prod-a, Nov 30"
+      kvdoctor report before/ after/ -o fix.html     # two captures: before/after page (kvdoctor compare)
 
     SLO lines on the charts use --slo, else the report defaults (TTFT P99 2 s, TPOT P99 100 ms,
     ITL P99 200 ms, error rate 1%). Exit status: 0 done, 2 bad input, 3 bad rule file.
     """
+    if after:
+        from pathlib import Path
+
+        from ..compare.api import compare
+        from ..diagnosis import Options, load_rules, parse_slo
+        from ..diagnosis.rules import parse_duration, parse_overrides
+        from ..report.compare_html import render_compare_html
+
+        comp = compare(capture, after, load_rules([Path(d) for d in rules_dirs], parse_overrides(sets)),
+                       Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo)))
+        path = Path(output)
+        path.write_text(render_compare_html(comp.before_diag, comp.after_diag, comp, title), encoding="utf-8")
+        click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); {comp.lines[0]}")
+        return
     from ..report.html import render_report
 
     diag = run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step)

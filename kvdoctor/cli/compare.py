@@ -1,0 +1,87 @@
+"""`kvdoctor compare`: did the fix work, and what did it cost?"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+from ..errors import InputError
+
+
+@click.command("compare")
+@click.argument("before")
+@click.argument("after")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of standard output.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Also write a self-contained HTML page with before/after charts.")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(),
+              help="Extra folder of rule files (repeatable); same id replaces a shipped rule.")
+@click.option("--slo", multiple=True, metavar="NAME=VALUE",
+              help="Absolute objective, e.g. --slo ttft_p99=2s --slo error_rate=1%.")
+@click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=N",
+              help="Override a rule threshold, e.g. --set prefill-bound.min_corr=0.5.")
+@click.option("--lookback", default="5m", show_default=True, help="Window each rule evaluation looks back over.")
+@click.option("--step", default="1m", show_default=True, help="Time between rule evaluations.")
+@click.option("--resamples", default=2000, show_default=True, type=click.IntRange(1000, 100_000),
+              help="Bootstrap resamples per interval.")
+@click.option("--seed", default=20240607, show_default=True, type=int, help="Bootstrap seed (same seed, same intervals).")
+def command(before, after, fmt, output, html_path, rules_dirs, slo, sets, lookback, step, resamples, seed):
+    """Compare BEFORE with AFTER: what became of each finding, and how the headline signals
+    moved, each change with a 95% confidence interval.
+
+    BEFORE and AFTER are capture folders, or a time range of one: CAPTURE@T1..T2, where T is
+    epoch seconds, ISO 8601 (2026-11-30T08:00:00Z) or +SECONDS from the capture's start;
+    either bound may be left out (cap@+600..). Prometheus ranges are not supported (there is
+    no fleet mode): import or capture each side first.
+
+    Rules: resolved / improved / unchanged / worse / new (improved and worse judged on the
+    rule's impact signal and its interval). Signals: TTFT, TPOT, ITL, E2E at P50/P90/P99,
+    per-turn TPOT growth, prefix hit rate, KV usage peak, error rate, throughput; a signal is
+    better or worse only when the interval of the difference excludes 0 and it moved >= 5%.
+    When the workloads differ (arrival rate, prompt/output lengths, turn mix, concurrency)
+    the first line says so and latency is compared within matched prompt-length buckets.
+    A change that helps one signal and hurts another is reported as a trade-off.
+
+    \b
+    Examples:
+      kvdoctor compare before/ after/
+      kvdoctor compare cap/@+0..+600 cap/@+900..+1500      # one capture, before and after a restart
+      kvdoctor compare off/ on/ --format json | jq '.verdict, .signals[0]'
+      kvdoctor compare off/ on/ --html compare.html --slo ttft_p99=2s
+
+    Exit status: 0 done (whatever the verdict), 2 bad input, 3 bad rule file.
+    """
+    from ..compare import compare
+    from ..compare.render import markdown, text, to_json
+    from ..diagnosis import Options, load_rules, parse_slo
+    from ..diagnosis.rules import parse_duration, parse_overrides
+    from ..compare.sides import load_side, parse_side
+
+    b_spec, a_spec = parse_side(before, "BEFORE"), parse_side(after, "AFTER")  # syntax errors before any loading
+    try:
+        opts = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo))
+    except ValueError as e:
+        raise InputError(f"--lookback/--step: {e}") from None
+    rules = load_rules([Path(d) for d in rules_dirs], parse_overrides(sets))
+    comp = compare(load_side(b_spec, "BEFORE"), load_side(a_spec, "AFTER"), rules, opts, resamples, seed)
+    if fmt == "json":
+        out = orjson.dumps(to_json(comp), option=orjson.OPT_INDENT_2).decode() + "\n"
+    elif fmt == "markdown":
+        out = markdown(comp)
+    else:
+        out = text(comp)
+    if output:
+        Path(output).write_text(out)
+    else:
+        sys.stdout.write(out)
+    if html_path:
+        from ..report.compare_html import render_compare_html
+
+        path = Path(html_path)
+        if path.parent and not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_compare_html(comp.before_diag, comp.after_diag, comp), encoding="utf-8")
+        click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", err=True)
