@@ -8,7 +8,6 @@ else is an error that names the file and line.
 from __future__ import annotations
 
 import dataclasses
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,7 +358,7 @@ def load(path: str | Path, *, since_s: float | None = None, until_s: float | Non
     events = _read_dicts(folder, "events", warnings)
     cap = Capture(folder, meta, requests, gpu, host, engine, events, warnings)
     if since_s is not None or until_s is not None:
-        cap = _time_slice(cap, since_s, until_s)
+        cap = time_slice(cap, since_s, until_s)
     return cap
 
 
@@ -372,7 +371,7 @@ def _in_range(t: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
     return m
 
 
-def _time_slice(cap: Capture, lo: float | None, hi: float | None) -> Capture:
+def time_slice(cap: Capture, lo: float | None, hi: float | None) -> Capture:
     t_req = cap.requests.num("arrival_s")
     t_req = np.where(np.isnan(t_req), cap.requests.num("finish_s"), t_req)
     e = cap.engine

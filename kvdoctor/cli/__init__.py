@@ -66,4 +66,8 @@ _register()
 
 
 def main() -> None:
+    import signal
+
+    if hasattr(signal, "SIGPIPE"):  # `kvdoctor export … | head` ends quietly, like any Unix tool
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     cli(prog_name="kvdoctor")

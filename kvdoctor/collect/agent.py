@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import dataclasses
 import logging
 import signal
 import time

@@ -26,8 +26,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from ..errors import InputError
 from ..importers.otlp_json import (
-    _STATUS_ERROR,
-    _hex_ids_to_base64,
+    STATUS_ERROR,
+    hex_ids_to_base64,
     any_value,
     is_llm_span,
     request_from_span_attributes,
@@ -89,7 +89,7 @@ def _decode(body: bytes, content_type: str) -> ExportTraceServiceRequest:
         raise _BadRequest(f"not valid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
         raise _BadRequest(f"expected a JSON object with resourceSpans, got {type(obj).__name__}")
-    _hex_ids_to_base64(obj)
+    hex_ids_to_base64(obj)
     try:
         return json_format.ParseDict(obj, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except json_format.ParseError as e:
@@ -106,7 +106,7 @@ def records_from_request(msg: ExportTraceServiceRequest, stats: dict[str, int]) 
                 attrs = {kv.key: any_value(kv.value) for kv in span.attributes}
                 if not is_llm_span(span.name, attrs):
                     continue
-                err = (span.status.message or "span status ERROR") if span.status.code == _STATUS_ERROR else None
+                err = (span.status.message or "span status ERROR") if span.status.code == STATUS_ERROR else None
                 try:
                     records.append(request_from_span_attributes(
                         attrs, span.start_time_unix_nano or None, span.end_time_unix_nano or None,

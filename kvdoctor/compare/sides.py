@@ -110,9 +110,7 @@ def load_side(spec: SideSpec | str | Path, role: str = "side") -> Side:
 def load_range(path: Path, whole: Capture, lo: float | None, hi: float | None) -> Capture:
     """The capture cut to [lo, hi] (the reader's own slicing, so the rules see what
     `diagnose --since/--until` would)."""
-    try:
-        from ..capture.reader import _time_slice
-    except ImportError:  # pragma: no cover - reader reorganised: read the range again
-        return load(path, since_s=lo, until_s=hi)
-    cut = _time_slice(whole, lo, hi)
+    from ..capture.reader import time_slice
+
+    cut = time_slice(whole, lo, hi)
     return dataclasses.replace(cut, warnings=list(whole.warnings))

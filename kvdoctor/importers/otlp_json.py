@@ -46,7 +46,7 @@ A_PROMPT = ("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens")
 A_COMPLETION = ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens")
 A_MODEL = ("gen_ai.response.model", "gen_ai.request.model")
 
-_STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
 
 
 def _attr_num(attrs: dict[str, Any], key: str) -> float | None:
@@ -128,7 +128,7 @@ def any_value(v: Any) -> Any:
     return x
 
 
-def _hex_ids_to_base64(obj: Any) -> None:
+def hex_ids_to_base64(obj: Any) -> None:
     """OTLP/JSON writes ids as hex; protobuf's JSON mapping expects base64 for bytes fields."""
     for rs in obj.get("resourceSpans") or ():
         if not isinstance(rs, dict):
@@ -171,7 +171,7 @@ def _parse_line(path: Path, n: int, line: bytes):
             return None  # another signal in the same file: nothing to import here
         raise InputError(f"{where}: no resourceSpans; expected an OTLP/JSON trace export "
                          f"(keys: {', '.join(sorted(obj)[:6])})")
-    _hex_ids_to_base64(obj)
+    hex_ids_to_base64(obj)
     try:
         return json_format.ParseDict(obj, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except json_format.ParseError as e:
@@ -211,7 +211,7 @@ def _requests(path: Path, n: int, msg, seen: dict[str, Any]) -> Iterator[Request
                     continue
                 if engine and not seen.get("engine"):
                     seen["engine"] = engine
-                err = (span.status.message or "span status ERROR") if span.status.code == _STATUS_ERROR else None
+                err = (span.status.message or "span status ERROR") if span.status.code == STATUS_ERROR else None
                 try:
                     rec = request_from_span_attributes(
                         attrs, span.start_time_unix_nano or None, span.end_time_unix_nano or None,

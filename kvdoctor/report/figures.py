@@ -686,7 +686,6 @@ def bandwidth_chart(diag: Diagnosis, prep: Prepared) -> Chart:
     if ok.sum() < 2:
         return Chart("bandwidth", title, None, notes=["GPU samples and requests do not overlap in time"])
     scale, unit = _lat_unit(p[1][ok])
-    tb = timebase(diag)
     centers = diag.start_s + (np.arange(nb) + 0.5) * width
     when = [diag.time_label(c) for c in centers[ok]]
     fig = go.Figure()

@@ -152,7 +152,7 @@ def full_text(diag: Diagnosis) -> str:
 
 
 def markdown(diag: Diagnosis) -> str:
-    out = [f"# kvdoctor diagnosis", "", *[f"- {x}" for x in _header(diag)], ""]
+    out = ["# kvdoctor diagnosis", "", *[f"- {x}" for x in _header(diag)], ""]
     if not diag.incidents:
         return "\n".join(out + ["**No incident**: no rule fired. " + _healthy_line(diag), ""])
     engine = engine_key(diag)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import fit, percentile, ratio, signal
+from .registry import percentile, ratio, signal
 
 MIN_REQUESTS = 5
 

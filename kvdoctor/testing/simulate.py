@@ -46,7 +46,6 @@ class Workload:
 
 def simulate(wl: Workload, m: ServerModel, t0: float = 1_767_000_000.0, server: str | None = None) -> list[RequestRecord]:
     rng = np.random.default_rng(m.seed)
-    n = len(wl.arrival_s)
     slot_free = [t0] * m.slots
     heapq.heapify(slot_free)
     prefill_free = t0
