@@ -404,3 +404,25 @@ def test_report_with_two_captures_is_a_before_after_page(run_cli, tmp_path):
     assert "resolved" in r.stdout
     page = out.read_text()
     assert "prefix-cache-ineffective" in page and "prefix-cache-off" in page and "prefix-cache-on" in page
+
+
+REAL = __import__("pathlib").Path(__file__).resolve().parents[1] / "samples"
+
+
+def test_real_same_configuration_twice_is_no_significant_change():
+    from kvdoctor.compare.api import compare
+
+    c = compare(REAL / "healthy", REAL / "healthy-again")
+    assert c.lines[0].startswith("No significant change"), c.lines[0]
+
+
+def test_real_parallel_high_to_low_is_a_tradeoff():
+    """Same open-loop load on llama-server --parallel 8, then 2: decode gets faster per token,
+    requests wait longer for a slot. That is a trade-off, not a win."""
+    from kvdoctor.compare.api import compare
+
+    c = compare(REAL / "parallel-8", REAL / "parallel-2")
+    head = c.lines[0]
+    assert head.startswith("Trade-off"), head
+    verdict = {s.label: s.verdict for s in c.signals}
+    assert verdict["TPOT P50"] == "better" and verdict["TTFT P50"] == "worse"
