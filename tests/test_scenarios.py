@@ -103,3 +103,23 @@ def test_context_overflow_errors_match_client(scenario_run):
     cap = kvdoctor.load(out)
     assert client_errors > 0
     assert sum(1 for s in cap.requests.strings("status") if s != "ok") == client_errors
+
+
+def test_kv_quant_rule_agrees_with_the_quality_check(tmp_path):
+    """q4_0 K/V against an f16 baseline, greedy: the rule fires exactly when `kvdoctor quality`
+    finds long-context degradation, and its evidence is the baseline comparison."""
+    from kvdoctor.quality import by_context, verdict
+    from kvdoctor.testing.scenarios import run_quality
+
+    out = tmp_path / "kv-quant"
+    results = run_quality("kv-quant", out)
+    degraded = verdict(by_context(results)).startswith("DEGRADED")
+    diag = diagnose(kvdoctor.load(out))
+    fired = [c for inc in diag.incidents for c in inc.causes if c.rule.id == "kv-quant-quality"]
+    assert bool(fired) == degraded
+    from kvdoctor.signals import Prepared
+
+    p = Prepared(kvdoctor.load(out))
+    w = p.window(p.start_s, p.end_s)
+    assert w.value("baseline_compared") == 1 and w.value("kv_dtype_quantised") == 1
+    assert 0 <= w.value("baseline_agreement_long_p50") <= 1
