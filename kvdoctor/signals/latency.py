@@ -21,7 +21,7 @@ def _register_percentiles() -> None:
     for prefix, column, hist, what in PERCENTILE_TABLE:
         for q in (50, 90, 99):
             def fn(w, column=column, hist=hist, q=q):
-                v = percentile(w.r(column), q, MIN_REQUESTS)
+                v = w.pct(column, q, MIN_REQUESTS)
                 return v if not np.isnan(v) else w.engine_quantile(hist, q / 100)
 
             signal(f"{prefix}_p{q}_s", "s", f"P{q} of {what} over requests in the window "
@@ -68,19 +68,19 @@ def output_rate(w):
 @signal("prompt_p50_tokens", "tokens")
 def prompt_p50(w):
     """Median prompt length."""
-    return percentile(w.r("prompt_tokens"), 50)
+    return w.pct("prompt_tokens", 50)
 
 
 @signal("prompt_p95_tokens", "tokens")
 def prompt_p95(w):
     """P95 prompt length: plan capacity from this, not the mean."""
-    return percentile(w.r("prompt_tokens"), 95)
+    return w.pct("prompt_tokens", 95)
 
 
 @signal("prompt_p99_tokens", "tokens")
 def prompt_p99(w):
     """P99 prompt length."""
-    return percentile(w.r("prompt_tokens"), 99)
+    return w.pct("prompt_tokens", 99)
 
 
 @signal("prompt_p99_over_p50", "ratio")
@@ -162,7 +162,7 @@ def ttft_conc_ratio(w):
 @signal("concurrency_p50", "requests")
 def conc_p50(w):
     """Median requests in flight at each arrival."""
-    return percentile(w.r("concurrency"), 50)
+    return w.pct("concurrency", 50)
 
 
 @signal("concurrency_max", "requests")

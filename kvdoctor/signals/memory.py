@@ -156,7 +156,7 @@ def max_conc(w):
 @signal("sequence_p99_tokens", "tokens")
 def seq_p99(w):
     """P99 of prompt + output tokens: what one sequence's KV must hold at worst."""
-    return percentile(w.r("context_tokens"), 99)
+    return w.pct("context_tokens", 99)
 
 
 @signal("prompt_p99_over_limit", "fraction")
@@ -180,7 +180,7 @@ def kv_frag(w):
     used = w.value("kv_usage_p50_frac")
     cap = w.value("kv_capacity_tokens")
     conc = w.value("concurrency_p50")
-    ctx = percentile(w.r("context_tokens"), 50)
+    ctx = w.pct("context_tokens", 50)
     return ratio(used, ratio(conc * ctx, cap))
 
 

@@ -87,7 +87,7 @@ def restarts(w):
 @signal("repetition_p50", "fraction")
 def repetition(w):
     """Median share of each output that repeats its own earlier n-grams."""
-    return percentile(w.r("output_repetition"), 50, 5)
+    return w.pct("output_repetition", 50, 5)
 
 
 @signal("repetition_long_minus_short", "fraction")

@@ -79,7 +79,16 @@ def fit(x: np.ndarray, y: np.ndarray, min_n: int = 8) -> tuple[float, float, int
 
 
 def ranks(a: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share the mean of their positions), as Spearman needs."""
-    _, inverse, counts = np.unique(a, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    return ((ends - (counts - 1) / 2.0)[inverse]).astype(float)
+    """Average ranks (ties share the mean of their positions), as Spearman needs: one sort,
+    tie groups read off the sorted values."""
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    starts = np.empty(len(s), dtype=bool)
+    starts[:1] = True
+    np.not_equal(s[1:], s[:-1], out=starts[1:])
+    first = np.flatnonzero(starts)
+    counts = np.diff(np.append(first, len(s)))
+    avg = first + (counts - 1) / 2.0 + 1.0
+    out = np.empty(len(a))
+    out[order] = np.repeat(avg, counts)
+    return out

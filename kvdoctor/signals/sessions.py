@@ -15,12 +15,13 @@ def _turn_medians(w, column: str) -> tuple[np.ndarray, np.ndarray]:
     if m.sum() < 2 * MIN_PER_TURN:
         return np.array([]), np.array([])
     turn, v = turn[m].astype(np.int64), v[m]
-    order = np.argsort(turn, kind="stable")
+    order = np.lexsort((v, turn))  # by turn, then value: each group's middle is its median
     turn, v = turn[order], v[order]
     uniq, starts, counts = np.unique(turn, return_index=True, return_counts=True)
     keep = counts >= MIN_PER_TURN
-    meds = np.array([np.median(v[s:s + c]) for s, c in zip(starts[keep], counts[keep])])
-    return uniq[keep].astype(float), meds
+    starts, counts = starts[keep], counts[keep]
+    lo, hi = starts + (counts - 1) // 2, starts + counts // 2
+    return uniq[keep].astype(float), (v[lo] + v[hi]) / 2.0
 
 
 def _growth_per_turn(w, column: str) -> float:

@@ -252,6 +252,21 @@ class Window:
             return np.array([])
         return np.concatenate([values[offsets[i]:offsets[i + 1]] for i in rows])
 
+    def pct(self, column: str, q: float, min_n: int = 1) -> float:
+        """Percentile (numpy's linear method) of a request column; the column is sorted once
+        per window and every percentile of it is then an index lookup."""
+        key = f"sorted:{column}"
+        s = self._cache.get(key)
+        if s is None:
+            a = self.r(column)
+            s = self._cache[key] = np.sort(a[~np.isnan(a)])
+        if len(s) < max(min_n, 1):
+            return float("nan")
+        pos = (len(s) - 1) * q / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
     def fit(self, x: str, y: str) -> tuple[float, float, int]:
         """fit() of two request columns, memoised (slope and correlation signals share it)."""
         key = f"fit:{x}:{y}"
