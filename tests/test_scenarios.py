@@ -16,8 +16,9 @@ RELATED = {
     "prefill-bound": {"prefill-bound", "long-prompt-hol-blocking", "queueing-saturation", "prompt-length-tail", "tail-latency"},
     "kv-growth-per-turn": {"kv-growth-per-turn", "prefill-bound", "decode-bandwidth-bound", "queueing-saturation"},
     "decode-bandwidth-bound": {"decode-bandwidth-bound", "queueing-saturation", "tail-latency"},
+    # long sequences x concurrency: the decodes that do run share the machine, so TPOT rises too
     "kv-oom": {"kv-oom", "error-burst", "unsafe-concurrency", "prompt-length-tail", "queueing-saturation",
-               "long-prompt-hol-blocking", "prefill-bound"},
+               "long-prompt-hol-blocking", "prefill-bound", "decode-bandwidth-bound"},
     "prefix-cache-ineffective": {"prefix-cache-ineffective", "prefill-bound"},
     None: set(),
 }

@@ -10,6 +10,7 @@ import orjson
 
 from ..errors import InputError
 from .common import progress_callback
+from .fleet_options import fleet_options, run_fleet  # fleet mode
 
 
 def _time(value: str | None, name: str) -> float | None:
@@ -44,9 +45,13 @@ def run_diagnosis(capture: str, since: str | None, until: str | None, rules_dirs
         return diagnose(cap, rules, opts, progress)
 
 
-def diagnosis_options(f):
+def diagnosis_options(f=None, *, capture_required: bool = True):
+    """The options diagnose, summary and report share (CAPTURE is optional only where
+    --prometheus can stand in for it)."""
+    if f is None:
+        return lambda g: diagnosis_options(g, capture_required=capture_required)
     for option in reversed([
-        click.argument("capture", type=click.Path()),
+        click.argument("capture", type=click.Path(), required=capture_required),
         click.option("--since", help="Only from this time (epoch seconds or ISO 8601)."),
         click.option("--until", help="Only up to this time (epoch seconds or ISO 8601)."),
         click.option("--rules", "rules_dirs", multiple=True, type=click.Path(),
@@ -63,10 +68,11 @@ def diagnosis_options(f):
 
 
 @click.command("diagnose")
-@diagnosis_options
+@diagnosis_options(capture_required=False)  # fleet mode (--prometheus) stands in for CAPTURE
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(), help="Write here instead of standard output.")
-def command(capture, since, until, rules_dirs, slo, sets, lookback, step, fmt, output):
+@fleet_options  # --- fleet mode (kvdoctor/cli/fleet_options.py) ---
+def command(capture, since, until, rules_dirs, slo, sets, lookback, step, fmt, output, **fleet):
     """Incidents in a capture, each with its ranked causes, evidence numbers and fixes.
 
     \b
@@ -75,11 +81,21 @@ def command(capture, since, until, rules_dirs, slo, sets, lookback, step, fmt, o
       kvdoctor diagnose cap/ --format json | jq '.incidents[0].causes[0]'
       kvdoctor diagnose cap/ --slo ttft_p99=2s --since 2026-11-30T02:00:00Z
       kvdoctor diagnose cap/ --rules my-rules/ --set prefill-bound.min_corr=0.5
+      kvdoctor diagnose --prometheus http://prom:9090 --selector '{job="vllm"}' --since 2h   # a fleet
 
     Exit status: 0 done (incidents or not), 2 bad input, 3 bad rule file.
     """
     from ..report.summary import full_text, markdown
 
+    # --- fleet mode: every instance behind a Prometheus server (docs/fleet.md) ---
+    if fleet.get("prometheus"):
+        if capture:
+            raise InputError("give either CAPTURE or --prometheus, not both")
+        return run_fleet(fleet.pop("prometheus"), fleet.pop("selector"), since, until, step=step, lookback=lookback,
+                         rules_dirs=rules_dirs, slo=slo, sets=sets, fmt=fmt, output=output, **fleet)
+    if not capture:
+        raise InputError("missing CAPTURE (or --prometheus URL for fleet mode)")
+    # --- end fleet mode ---
     diag = run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step)
     if fmt == "json":
         text = orjson.dumps(diag.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"

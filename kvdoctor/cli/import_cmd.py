@@ -110,6 +110,7 @@ Examples:
   kvdoctor import mooncake conversation_trace.jsonl -o cap/ --opt block_tokens=512
   kvdoctor import otlp-json traces.jsonl -o cap/ --engine vllm
   kvdoctor import prometheus scrape-*.prom -o cap/
+  kvdoctor import prometheus-range http://prom:9090 -o cap/ --opt selector='{job="vllm"}' --opt since=2h
 
 \b
 csv FIELDs: request_id arrival_s first_token_s finish_s ttft_s tpot_s itl_s e2e_s queue_s
@@ -141,6 +142,12 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
         if fmt != "csv":
             raise InputError(f"--col maps CSV columns and applies to format csv only, not {fmt}")
         options["columns"] = columns
+    urls = [str(x) for x in src if str(x).startswith(("http:/", "https:/"))]
+    if urls:  # a server to read from, not files (prometheus-range): click's Path folds '//' to '/'
+        if fmt != "prometheus-range":
+            raise InputError(f"{urls[0]}: format {fmt} reads files; only prometheus-range reads from a URL")
+        options.setdefault("prometheus", urls[0].replace(":/", "://", 1) if "://" not in urls[0] else urls[0])
+        src = tuple(x for x in src if str(x) not in urls)
     paths = _expand(src, getattr(module, "GLOB", None), fmt)
     _check_output(out, force)
 
@@ -164,7 +171,9 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
         finally:
             bar.close()
         if not counts:
-            raise InputError(f"{', '.join(str(p) for p in paths)}: no records found for format {fmt}")
+            where = ", ".join(str(p) for p in paths) or options.get("prometheus", "")
+            why = f" ({imported.notes[0]})" if imported.notes else ""
+            raise InputError(f"{where}: no records found for format {fmt}{why}")
         if out.exists():
             if any(out.iterdir()):
                 shutil.rmtree(out)  # only reached for a capture with --force (checked above)

@@ -26,6 +26,7 @@ IMPORTERS: dict[str, str] = {
     "mooncake": "kvdoctor.importers.mooncake",
     "otlp-json": "kvdoctor.importers.otlp_json",
     "prometheus": "kvdoctor.importers.prometheus",
+    "prometheus-range": "kvdoctor.importers.prometheus_range",  # fleet mode: Prometheus query_range API
 }
 
 _loaded: dict[str, ModuleType] = {}

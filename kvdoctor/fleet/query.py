@@ -1,0 +1,131 @@
+"""What to ask Prometheus: time range, selector, and one query per wire metric name present.
+
+Plan (docs/fleet.md): one ``label/__name__/values`` call finds which known metric names exist
+under the selector; then one ``query_range`` per present wire name (histograms: one per
+``_bucket`` name) returns every instance's series at once. Queries never go per instance, so
+their number depends on the engines' metric tables, not on the fleet's size. Histograms come
+back as raw cumulative ``_bucket`` series and quantiles are computed client-side from bucket
+increases (kvdoctor.engines.rates): the same arithmetic, and the same capture shape, as a
+capture recorded by the sidecar.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from dataclasses import dataclass
+
+from ..engines import TABLES
+from ..engines.neutral import NEUTRAL, EngineTable, Wire
+from ..engines.promtext import FOLD, _key
+from ..errors import InputError
+
+#: kvdoctor sidecars' own metrics (kvdoctor/exported.py) the fleet view reads
+SIDECAR = ("kvdoctor_incident_active", "kvdoctor_kv_usage_ratio", "kvdoctor_server_up")
+
+_DUR = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(v: str, name: str) -> float:
+    m = _DUR.match(v.strip())
+    if not m:
+        raise InputError(f"--{name} {v!r}: expected a duration like 30s, 5m, 2h")
+    return float(m[1]) * _UNIT[m[2]]
+
+
+def parse_instant(v: str, name: str, now: float) -> float:
+    """Epoch seconds, ISO 8601, ``now``, or a duration meaning that long before now."""
+    v = v.strip()
+    if v == "now":
+        return now
+    if _DUR.match(v):
+        return now - parse_duration(v, name)
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    try:
+        t = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"--{name} {v!r}: expected a duration (2h), epoch seconds or ISO time (2026-11-30T08:00:00Z)") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.timestamp()
+
+
+def time_range(since: str | None, start: str | None, end: str | None, until: str | None = None,
+               now: float | None = None, default_since: str = "1h") -> tuple[float, float]:
+    now = time.time() if now is None else now
+    t1 = parse_instant(end or until or "now", "end", now)
+    t0 = parse_instant(start or since or default_since, "start" if start else "since", t1 if (since or not start) and _DUR.match((start or since or default_since).strip()) else now)
+    if t0 >= t1:
+        raise InputError(f"time range is empty: start {t0:.0f} is not before end {t1:.0f}")
+    return t0, t1
+
+
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
+
+
+def selector_matchers(selector: str | None) -> str:
+    """``{job="vllm", ns=~"prod.*"}`` → ``job="vllm",ns=~"prod.*"`` (checked; InputError if malformed)."""
+    if not selector:
+        return ""
+    s = selector.strip()
+    if s.startswith("{") and s.endswith("}"):
+        s = s[1:-1]
+    parts, pos = [], 0
+    while pos < len(s):
+        m = _MATCHER.match(s, pos)
+        if not m:
+            raise InputError(f"--selector {selector!r}: expected label matchers like '{{job=\"vllm\"}}'")
+        parts.append(f'{m[1]}{m[2]}"{m[3]}"')
+        pos = m.end()
+        if pos < len(s):
+            if s[pos] != ",":
+                raise InputError(f"--selector {selector!r}: expected ',' between matchers")
+            pos += 1
+    return ",".join(parts)
+
+
+def series_selector(name: str, matchers: str) -> str:
+    return "{" + ",".join([f'__name__="{name}"'] + ([matchers] if matchers else [])) + "}"
+
+
+def discovery_selector(matchers: str) -> str:
+    prefixes = sorted({p for t in TABLES for p in t.prefixes} | {alt for alt, _ in FOLD} | {"kvdoctor_"})
+    rx = "|".join(re.escape(p).replace("\\:", ":") + ".*" for p in prefixes)
+    return "{" + ",".join([f'__name__=~"{rx}"'] + ([matchers] if matchers else [])) + "}"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One query_range: a wire name as stored (``name``), the table and entries it maps by."""
+    name: str
+    query: str
+    table: EngineTable | None  # None: a kvdoctor sidecar metric
+    histogram: bool
+    #: (priority, entry) in table order; a series takes the first entry whose labels match
+    entries: tuple[tuple[int, Wire], ...] = ()
+
+
+def plan(names: list[str], matchers: str) -> list[Planned]:
+    """One query per stored metric name that some engine table maps (``_sum``/``_count`` are
+    not fetched: the ``+Inf`` bucket is the count)."""
+    out: list[Planned] = []
+    for name in sorted(set(names)):
+        if name in SIDECAR:
+            out.append(Planned(name, series_selector(name, matchers), None, False))
+            continue
+        hist = name.endswith("_bucket")
+        base = name[:-7] if hist else name
+        if name.endswith(("_sum", "_count", "_created")):
+            continue
+        for t in TABLES:
+            rows = tuple((i, w) for i, w in enumerate(t.metrics) if _key(w.wire) == _key(base)
+                         and not w.neutral.startswith("config:")
+                         and (NEUTRAL[w.neutral].kind == "histogram") == hist)
+            if rows:
+                out.append(Planned(name, series_selector(name, matchers), t, hist, rows))
+                break
+    return out
