@@ -65,7 +65,7 @@ def assert_one_line_error(res, *needles: str) -> str:
 # -- registry ---------------------------------------------------------------------------------
 
 def test_registry_lists_formats_and_loads_modules():
-    assert set(importers.IMPORTERS) == {"vllm-bench", "llmperf", "csv", "mooncake", "otlp-json", "prometheus"}
+    assert set(importers.IMPORTERS) == {"vllm-bench", "llmperf", "csv", "mooncake", "otlp-json", "prometheus", "prometheus-range"}
     for name in importers.IMPORTERS:
         mod = importers.get(name)
         assert mod.NAME == name and mod.SUMMARY and callable(mod.read)
