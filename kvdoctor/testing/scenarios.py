@@ -77,8 +77,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (Phase(lambda: _fixed(loadgen.conversations(6, 10, max_tokens=48, user_tokens=80)), concurrency=3),),
              expect="kv-growth-per-turn", n_ctx=3 * 4096, parallel=3),
     Scenario("concurrency", "single streams, then 8 concurrent decodes on 8 slots: decode slows with batch size",
-             (Phase(lambda: _fixed(loadgen.short_prompts(12, max_tokens=64)), concurrency=1),
-              Phase(lambda: _fixed(loadgen.short_prompts(48, max_tokens=64, seed=5)), concurrency=8)),
+             # long enough (~45 s on an idle 2-core machine) for the rules' 30 s hold time
+             (Phase(lambda: _fixed(loadgen.short_prompts(20, max_tokens=64)), concurrency=1),
+              Phase(lambda: _fixed(loadgen.short_prompts(96, max_tokens=64, seed=5)), concurrency=8)),
              expect="decode-bandwidth-bound", n_ctx=8 * 1024, parallel=8),
     Scenario("context-overflow", "small context, long requests at concurrency: rejected for lack of KV space",
              (Phase(lambda: _fixed(_mix(loadgen.long_prompts(20, tokens=250, max_tokens=32),
