@@ -91,6 +91,7 @@ class Columns:
     def __init__(self, table: pa.Table):
         self.table = table
         self._num: dict[str, np.ndarray] = {}
+        self._nan: np.ndarray | None = None
         self._codes: dict[str, tuple[np.ndarray, list[str]]] = {}
 
     def __len__(self) -> int:
@@ -103,15 +104,18 @@ class Columns:
         """Column as float64, NaN where missing (all NaN when the column is absent)."""
         arr = self._num.get(name)
         if arr is None:
-            if name in self.table.column_names:
+            if name in self.table.column_names and self.table.column(name).null_count < len(self):
                 col = self.table.column(name)
                 if not pa.types.is_floating(col.type):
                     col = pc.cast(col, pa.float64())
                 arr = col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
                 if col.null_count:  # Arrow nulls become NaN
                     arr = np.where(pc.is_null(col).to_numpy(zero_copy_only=False), np.nan, arr)
-            else:
-                arr = np.full(len(self), np.nan)
+            else:  # absent: one shared read-only NaN column (a capture often lacks a dozen fields)
+                if self._nan is None:
+                    self._nan = np.full(len(self), np.nan)
+                    self._nan.flags.writeable = False
+                arr = self._nan
             self._num[name] = arr
         return arr
 
@@ -191,6 +195,16 @@ def segments(folder: Path, kind: str) -> list[Path]:
     return sorted(folder.glob(f"{kind}-*.jsonl"))
 
 
+def _ends_whole(path: Path) -> bool:
+    """True when the segment is empty or ends with a newline (no torn last record)."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
+
+
 def _read_complete(path: Path, warnings: list[str]) -> bytes:
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
@@ -240,12 +254,19 @@ def _read_table(folder: Path, kind: str, warnings: list[str]) -> pa.Table:
     # schema (measured on 1M requests); Arrow promotes int -> double across blocks itself.
     ropts = pajson.ReadOptions(block_size=1 << 20)
     for seg in segments(folder, kind):
-        data = _read_complete(seg, warnings)
-        if not data:
-            continue
+        if _ends_whole(seg):  # the usual case: Arrow reads the file itself, no copy in Python
+            if seg.stat().st_size == 0:
+                continue
+            source, data = str(seg), None
+        else:
+            data = _read_complete(seg, warnings)
+            if not data:
+                continue
+            source = pa.BufferReader(pa.py_buffer(data))
         try:
-            table = pajson.read_json(pa.BufferReader(pa.py_buffer(data)), read_options=ropts)
+            table = pajson.read_json(source, read_options=ropts)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            data = data if data is not None else seg.read_bytes()
             msg = _locate_bad_line(seg, data)
             if msg.endswith("JSON Lines"):
                 msg = f"{seg}: {str(e).splitlines()[0]}"

@@ -19,8 +19,9 @@ from ..signals import Prepared, Window
 from . import conditions as C
 from .rules import SEVERITY_RANK, Rule
 
-#: evaluations per capture at most: a day at ~6-minute resolution
-MAX_STEPS = 240
+#: evaluations per capture at most: a day at 12-minute resolution (each evaluation looks
+#: back at least one step, so nothing between them is skipped; only boundaries get coarser)
+MAX_STEPS = 120
 
 
 @dataclass
@@ -91,22 +92,14 @@ def activations(prep: Prepared, rules: list[Rule], opt: Options,
     times, step, lookback = step_times(prep.start_s, prep.end_s, opt)
     runs: dict[str, list[tuple[float, float, float, str]]] = {r.id: [] for r in rules}
     open_run: dict[str, list[Any]] = {}
+
+    def evaluate_at(t: float) -> list[tuple[bool, float, str]]:
+        w = prep.window(t - lookback, t)
+        return [match(rule, w, opt.slo) for rule in rules]
+
     for k, t in enumerate(times):
-        w_start = t - lookback
-        w = prep.window(w_start, t)
-        fresh_start = max(w_start, t - step) if len(times) > 1 else w_start
-        for rule in rules:
-            ok, conf, title = match(rule, w, opt.slo)
-            run = open_run.get(rule.id)
-            if ok:
-                if run is None:
-                    open_run[rule.id] = [fresh_start, t, conf, title]
-                else:
-                    run[1] = t
-                    if conf > run[2]:
-                        run[2], run[3] = conf, title
-            elif run is not None:
-                runs[rule.id].append(tuple(open_run.pop(rule.id)))
+        fresh_start = max(t - lookback, t - step) if len(times) > 1 else t - lookback
+        _advance(rules, evaluate_at(t), t, fresh_start, runs, open_run)
         if progress:
             progress(k + 1, len(times))
     for rid, run in open_run.items():
@@ -119,6 +112,22 @@ def activations(prep: Prepared, rules: list[Rule], opt: Options,
             if end - start >= rule.for_s:
                 out.append(Activation(rule, start, end, conf, title))
     return out
+
+
+def _advance(rules: list[Rule], matched: list[tuple[bool, float, str]], t: float, fresh_start: float,
+             runs: dict[str, list[tuple[float, float, float, str]]], open_run: dict[str, list[Any]]) -> None:
+    """Extend, open or close each rule's run of consecutive active evaluations."""
+    for rule, (ok, conf, title) in zip(rules, matched):
+        run = open_run.get(rule.id)
+        if ok:
+            if run is None:
+                open_run[rule.id] = [fresh_start, t, conf, title]
+            else:
+                run[1] = t
+                if conf > run[2]:
+                    run[2], run[3] = conf, title
+        elif run is not None:
+            runs[rule.id].append(tuple(open_run.pop(rule.id)))
 
 
 def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
