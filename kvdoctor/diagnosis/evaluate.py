@@ -19,9 +19,9 @@ from ..signals import Prepared, Window
 from . import conditions as C
 from .rules import SEVERITY_RANK, Rule
 
-#: evaluations per capture at most: a day at 12-minute resolution (each evaluation looks
+#: evaluations per capture at most: a day at ~15-minute resolution (each evaluation looks
 #: back at least one step, so nothing between them is skipped; only boundaries get coarser)
-MAX_STEPS = 120
+MAX_STEPS = 100
 
 
 @dataclass
