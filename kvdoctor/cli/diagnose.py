@@ -1,7 +1,6 @@
 """`kvdoctor diagnose` and `kvdoctor summary`."""
 from __future__ import annotations
 
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import click
 import orjson
 
 from ..errors import InputError
+from ..timeparse import epoch_or_iso
 from .common import progress_callback
 from .fleet_options import fleet_options, run_fleet  # fleet mode
 
@@ -16,17 +16,10 @@ from .fleet_options import fleet_options, run_fleet  # fleet mode
 def _time(value: str | None, name: str) -> float | None:
     if value is None:
         return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise InputError(f"--{name} {value!r}: expected epoch seconds or an ISO time like 2026-11-30T08:00:00Z") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return t.timestamp()
+    t = epoch_or_iso(value)
+    if t is None:
+        raise InputError(f"--{name} {value!r}: expected epoch seconds or an ISO time like 2026-11-30T08:00:00Z")
+    return t
 
 
 def run_diagnosis(capture: str, since: str | None, until: str | None, rules_dirs: tuple[str, ...],

@@ -11,13 +11,13 @@ A folder whose own name contains ``@`` is read as a folder when it exists.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..capture import Capture, load
 from ..errors import InputError
+from ..timeparse import epoch_or_iso
 
 SYNTAX = "CAPTURE or CAPTURE@T1..T2 (T: epoch seconds, ISO 8601, or +SECONDS from the capture start)"
 
@@ -59,18 +59,11 @@ def _parse_time(value: str, start_s: float, role: str, text: str) -> float:
             return start_s + float(value[1:])
         except ValueError:
             raise InputError(f"{role} {text!r}: {value!r} is not +SECONDS (e.g. +300)") from None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+    t = epoch_or_iso(value)
+    if t is None:
         raise InputError(f"{role} {text!r}: {value!r} is not epoch seconds, an ISO time like "
-                         "2026-11-30T08:00:00Z, or +SECONDS") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return t.timestamp()
+                         "2026-11-30T08:00:00Z, or +SECONDS")
+    return t
 
 
 @dataclass

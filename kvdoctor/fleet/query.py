@@ -10,7 +10,6 @@ capture recorded by the sidecar.
 """
 from __future__ import annotations
 
-import datetime as dt
 import re
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from ..engines import TABLES
 from ..engines.neutral import NEUTRAL, EngineTable, Wire
 from ..engines.promtext import FOLD, _key
 from ..errors import InputError
+from ..timeparse import epoch_or_iso
 
 #: kvdoctor sidecars' own metrics (kvdoctor/exported.py) the fleet view reads
 SIDECAR = ("kvdoctor_incident_active", "kvdoctor_kv_usage_ratio", "kvdoctor_server_up")
@@ -41,17 +41,10 @@ def parse_instant(v: str, name: str, now: float) -> float:
         return now
     if _DUR.match(v):
         return now - parse_duration(v, name)
-    try:
-        return float(v)
-    except ValueError:
-        pass
-    try:
-        t = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
-        raise InputError(f"--{name} {v!r}: expected a duration (2h), epoch seconds or ISO time (2026-11-30T08:00:00Z)") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return t.timestamp()
+    t = epoch_or_iso(v)
+    if t is None:
+        raise InputError(f"--{name} {v!r}: expected a duration (2h), epoch seconds or ISO time (2026-11-30T08:00:00Z)")
+    return t
 
 
 def time_range(since: str | None, start: str | None, end: str | None, until: str | None = None,
