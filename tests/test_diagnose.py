@@ -107,3 +107,18 @@ def test_library_use_without_cli():
     result = diagnose(cap)
     data = result.to_json()
     assert data["incidents"][0]["causes"][0]["rule"] == "queueing-saturation"
+
+
+def test_every_command_module_is_registered():
+    """A module in kvdoctor/cli with a click `command` must be reachable from the CLI."""
+    import importlib
+    import pkgutil
+
+    import click
+
+    import kvdoctor.cli as cli
+
+    for mod in pkgutil.iter_modules(cli.__path__):
+        module = importlib.import_module(f"kvdoctor.cli.{mod.name}")
+        if isinstance(getattr(module, "command", None), click.Command):
+            assert module.command.name in cli.COMMANDS and cli.COMMANDS[module.command.name] == mod.name

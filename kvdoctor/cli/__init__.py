@@ -1,5 +1,6 @@
 """The `kvdoctor` command. Each sub-command lives in its own module in this package and
-exposes a click command named ``command``; they are found here, so adding one is adding a file.
+exposes a click command named ``command``; COMMANDS names them, and a module is imported only
+when its command runs (start-up stays fast: `diagnose` does not import the sidecar).
 
 Errors the user can act on (bad input, bad rules) print one line and exit with a stable code:
 1 general, 2 bad input, 3 bad rule file, 70 internal error. No traceback unless KVDOCTOR_DEBUG=1.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import pkgutil
 import sys
 
 import click
@@ -17,7 +17,24 @@ from .. import __version__
 from ..errors import KvdoctorError
 
 
+#: command name -> module in this package (tests check every module with a `command` is here)
+COMMANDS = {
+    "attach": "attach", "compare": "compare", "diagnose": "diagnose", "export": "export", "import": "import_cmd",
+    "plan": "plan", "quality": "quality", "report": "report", "rules": "rules", "signals": "signals",
+    "summary": "summary",
+}
+
+
 class _Group(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        module = COMMANDS.get(name)
+        if module is None:
+            return None
+        return importlib.import_module(f"{__name__}.{module}").command
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -50,19 +67,6 @@ def cli() -> None:
     Live, beside a running server:
       kvdoctor attach --server http://127.0.0.1:8000
     """
-
-
-def _register() -> None:
-    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if mod.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{mod.name}")
-        command = getattr(module, "command", None)
-        if isinstance(command, click.Command):
-            cli.add_command(command)
-
-
-_register()
 
 
 def main() -> None:
