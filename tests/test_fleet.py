@@ -195,3 +195,48 @@ def test_import_prometheus_range_and_replay(fleet_stack, run_cli):
     assert r.returncode == 0, r.stderr
     q = [f for f in json.loads(r.stdout)["findings"] if f["rule"] == "queueing-saturation"]
     assert q and q[0]["instances"] == [fleet_stack["hot"]]
+
+
+@pytest.mark.server
+def test_tls_and_basic_auth_against_real_prometheus(tmp_path):
+    """Prometheus behind TLS (self-signed, CA file given) and basic auth: the client gets in with
+    the right credentials and says why not with wrong ones or without the CA."""
+    if _prometheus_binary() is None:
+        pytest.skip("/usr/bin/prometheus absent (apt-get install -y prometheus failed)")
+    bcrypt = pytest.importorskip("bcrypt")
+    from kvdoctor.fleet.client import PromClient, PromError
+    from kvdoctor.testing.llama_server import free_port
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    (tmp_path / "web.yml").write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+                                      f"basic_auth_users:\n  kvd: '{hashed}'\n")
+    (tmp_path / "prom.yml").write_text("global: {scrape_interval: 1s}\nscrape_configs: []\n")
+    port = free_port("127.0.0.1")
+    prom = subprocess.Popen([str(PROM), f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={tmp_path / 'web.yml'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"https://127.0.0.1:{port}"
+        ok = PromClient(url, basic_auth="kvd:s3cret", ca_file=str(cert), timeout_s=5)
+        end = time.time() + 30
+        while True:
+            try:
+                ok.query_range("vector(1)", time.time() - 60, time.time(), 15)
+                break
+            except PromError:
+                if time.time() > end:
+                    raise
+                time.sleep(0.5)
+        with pytest.raises(PromError, match="401|nauthori"):
+            PromClient(url, basic_auth="kvd:wrong", ca_file=str(cert), timeout_s=5).query_range("vector(1)", time.time() - 60, time.time(), 15)
+        with pytest.raises(PromError, match="(?i)certificate|ssl"):
+            PromClient(url, basic_auth="kvd:s3cret", timeout_s=5).query_range("vector(1)", time.time() - 60, time.time(), 15)
+        assert PromClient(url, basic_auth="kvd:s3cret", insecure=True, timeout_s=5).query_range(
+            "vector(1)", time.time() - 60, time.time(), 15)
+    finally:
+        prom.terminate()
+        prom.wait(10)
