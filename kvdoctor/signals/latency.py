@@ -104,28 +104,12 @@ def ttft_corr(w):
 @signal("ttft_long_over_short", "ratio")
 def ttft_long_over_short(w):
     """Median TTFT of the longest 10% of prompts over that of the shorter half."""
-    p, t = w.r("prompt_tokens"), w.r("ttft_s")
-    m = np.isfinite(p) & np.isfinite(t)
-    if m.sum() < 20:
-        return np.nan
-    p, t = p[m], t[m]
-    hi, lo = np.percentile(p, 90), np.percentile(p, 50)
-    if hi <= lo:
-        return np.nan
-    return ratio(float(np.median(t[p >= hi])), float(np.median(t[p <= lo])))
+    return ratio(*w.medians_by("prompt_tokens", "ttft_s", lo_q=50, hi_q=90, min_n=20))
 
 
 def _split_by(w, key: str, value: str) -> float:
     """Median of `value` at high `key` (top quarter) over that at low `key` (bottom quarter)."""
-    k, v = w.r(key), w.r(value)
-    m = np.isfinite(k) & np.isfinite(v)
-    if m.sum() < 20:
-        return np.nan
-    k, v = k[m], v[m]
-    lo, hi = np.percentile(k, 25), np.percentile(k, 75)
-    if hi <= lo:
-        return np.nan
-    return ratio(float(np.median(v[k >= hi])), float(np.median(v[k <= lo])))
+    return ratio(*w.medians_by(key, value, min_n=20))
 
 
 @signal("tpot_context_slope_ms_per_1k_tokens", "ms/1k tokens")

@@ -94,28 +94,13 @@ def repetition(w):
 def repetition_gap(w):
     """Median repetition of outputs for the longest quarter of prompts minus that for the
     shortest quarter: degeneration that appears only at long context."""
-    p, r = w.r("prompt_tokens"), w.r("output_repetition")
-    m = np.isfinite(p) & np.isfinite(r)
-    if m.sum() < 8:
-        return np.nan
-    p, r = p[m], r[m]
-    lo, hi = np.percentile(p, 25), np.percentile(p, 75)
-    if hi <= lo:
-        return np.nan
-    return float(np.median(r[p >= hi]) - np.median(r[p <= lo]))
+    long_, short = w.medians_by("prompt_tokens", "output_repetition")
+    return long_ - short
 
 
 def _by_length(w, column: str) -> tuple[float, float]:
     """Median of a column for the longest and the shortest quarter of prompts."""
-    p, v = w.r("prompt_tokens"), w.r(column)
-    m = np.isfinite(p) & np.isfinite(v)
-    if m.sum() < 8:
-        return np.nan, np.nan
-    p, v = p[m], v[m]
-    lo, hi = np.percentile(p, 25), np.percentile(p, 75)
-    if hi <= lo:
-        return np.nan, np.nan
-    return float(np.median(v[p >= hi])), float(np.median(v[p <= lo]))
+    return w.medians_by("prompt_tokens", column)
 
 
 @signal("baseline_compared", "bool")

@@ -274,6 +274,20 @@ class Window:
         hi = min(lo + 1, len(s) - 1)
         return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
 
+    def medians_by(self, key: str, value: str, lo_q: float = 25, hi_q: float = 75,
+                   min_n: int = 8) -> tuple[float, float]:
+        """Median of ``value`` where ``key`` is at or above its ``hi_q`` percentile, and where
+        it is at or below its ``lo_q`` percentile (e.g. TTFT of long vs short prompts)."""
+        k, v = self.r(key), self.r(value)
+        m = np.isfinite(k) & np.isfinite(v)
+        if m.sum() < min_n:
+            return float("nan"), float("nan")
+        k, v = k[m], v[m]
+        lo, hi = np.percentile(k, lo_q), np.percentile(k, hi_q)
+        if hi <= lo:
+            return float("nan"), float("nan")
+        return float(np.median(v[k >= hi])), float(np.median(v[k <= lo]))
+
     def fit(self, x: str, y: str) -> tuple[float, float, int]:
         """fit() of two request columns, memoised (slope and correlation signals share it)."""
         key = f"fit:{x}:{y}"
