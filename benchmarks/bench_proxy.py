@@ -38,7 +38,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,20 +55,8 @@ TOPICS = ["rivers", "bread", "clocks", "bicycles", "owls", "trains", "tea", "bri
           "honey", "comets", "maps", "violins", "glaciers", "lanterns", "libraries", "volcanoes"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(xs: list[float], q: float) -> float | None:
-    v = sorted(xs)
-    if not v:
-        return None
-    pos = (len(v) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+from kvdoctor.testing.llama_server import free_port  # noqa: E402
+from kvdoctor.testing.loadgen import percentile as pct  # noqa: E402
 
 
 def ms(x: float | None) -> float | None:

@@ -437,18 +437,9 @@ def ttft_prompt_chart(diag: Diagnosis, prep: Prepared, max_points: int = MAX_POI
     if np.ptp(p[m]) == 0:
         return Chart("ttft-prompt", title, None,
                      notes=[f"every prompt has the same length ({p[m][0]:,.0f} tokens), so TTFT cannot vary with it"])
-    idx = stratified_sample(p, ttft, max_points)
-    scale, unit = _lat_unit(ttft[m])
-    fig = go.Figure()
-    fig.add_trace(go.Scattergl(x=_f32(p[idx]), y=_f32(ttft[idx] * scale), mode="markers", name="requests",
-                               marker={"size": 4, "color": COLORS[0], "opacity": 0.35},
-                               hovertemplate=f"%{{x:,.0f}} tokens → %{{y:.3~g}} {unit}<extra></extra>"))
-    xb, med = _binned_median(p[m], ttft[m])
-    fig.add_trace(go.Scatter(x=xb, y=med * scale, mode="lines+markers", name="median per bin",
-                             line={"color": "#111827", "width": 1.5}, marker={"size": 5},
-                             hovertemplate=f"median %{{y:.3~g}} {unit}<extra></extra>"))
+    fig, scale, unit, drawn = _scatter_with_median(p, ttft, m, max_points, COLORS[0], "%{x:,.0f} tokens")
     slope, corr, _ = fit(p, ttft)
-    cap = f"{int(m.sum()):,} requests" + (f" ({len(idx):,} drawn, stratified by prompt length)" if len(idx) < m.sum() else "")
+    cap = f"{int(m.sum()):,} requests" + (f" ({drawn:,} drawn, stratified by prompt length)" if drawn < m.sum() else "")
     if math.isfinite(slope):
         intercept = float(np.mean(ttft[m]) - slope * np.mean(p[m]))
         x0, x1 = float(np.min(p[m])), float(np.max(p[m]))
@@ -460,6 +451,23 @@ def ttft_prompt_chart(diag: Diagnosis, prep: Prepared, max_points: int = MAX_POI
     fig.update_yaxes(title_text=f"TTFT ({unit})", rangemode="tozero")
     _base_layout(fig, 420, hovermode="closest")
     return Chart("ttft-prompt", title, fig, cap + ".")
+
+
+def _scatter_with_median(x: np.ndarray, y: np.ndarray, m: np.ndarray, max_points: int, color: str,
+                         x_hover: str) -> tuple[go.Figure, float, str, int]:
+    """A downsampled WebGL scatter of latency ``y`` against ``x`` with its binned median line;
+    returns the figure, the latency scale and unit it used, and how many points it drew."""
+    idx = stratified_sample(x, y, max_points)
+    scale, unit = _lat_unit(y[m])
+    fig = go.Figure()
+    fig.add_trace(go.Scattergl(x=_f32(x[idx]), y=_f32(y[idx] * scale), mode="markers", name="requests",
+                               marker={"size": 4, "color": color, "opacity": 0.35},
+                               hovertemplate=f"{x_hover} → %{{y:.3~g}} {unit}<extra></extra>"))
+    xb, med = _binned_median(x[m], y[m])
+    fig.add_trace(go.Scatter(x=xb, y=med * scale, mode="lines+markers", name="median per bin",
+                             line={"color": "#111827", "width": 1.5}, marker={"size": 5},
+                             hovertemplate=f"median %{{y:.3~g}} {unit}<extra></extra>"))
+    return fig, scale, unit, len(idx)
 
 
 def _binned_median(x: np.ndarray, y: np.ndarray, bins: int | None = None, min_n: int = 5) -> tuple[np.ndarray, np.ndarray]:
@@ -717,16 +725,7 @@ def concurrency_chart(diag: Diagnosis, prep: Prepared, max_points: int = MAX_POI
     if m.sum() < 8:
         why = "no TPOT in this capture" if not np.isfinite(tpot).any() else "no request finish times (concurrency unknown) in this capture"
         return Chart("concurrency", title, None, notes=[why])
-    idx = stratified_sample(c, tpot, max_points)
-    scale, unit = _lat_unit(tpot[m])
-    fig = go.Figure()
-    fig.add_trace(go.Scattergl(x=_f32(c[idx]), y=_f32(tpot[idx] * scale), mode="markers", name="requests",
-                               marker={"size": 4, "color": COLORS[2], "opacity": 0.35},
-                               hovertemplate=f"%{{x:.1f}} in flight → %{{y:.3~g}} {unit}<extra></extra>"))
-    xb, med = _binned_median(c[m], tpot[m])
-    fig.add_trace(go.Scatter(x=xb, y=med * scale, mode="lines+markers", name="median per bin",
-                             line={"color": "#111827", "width": 1.5}, marker={"size": 5},
-                             hovertemplate=f"median %{{y:.3~g}} {unit}<extra></extra>"))
+    fig, scale, unit, drawn = _scatter_with_median(c, tpot, m, max_points, COLORS[2], "%{x:.1f} in flight")
     w = whole(prep, diag)
     mx = w.value("max_concurrency_configured")
     if math.isfinite(mx):
@@ -738,7 +737,7 @@ def concurrency_chart(diag: Diagnosis, prep: Prepared, max_points: int = MAX_POI
     parts = [f"{n.replace('_', ' ')} {fmt(w.value(n), u)}" for n, u in
              (("tpot_concurrency_corr", "rank corr"), ("tpot_high_over_low_concurrency", "ratio"), ("concurrency_max", "requests"))
              if math.isfinite(w.value(n))]
-    cap = f"{int(m.sum()):,} requests" + (f" ({len(idx):,} drawn)" if len(idx) < m.sum() else "")
+    cap = f"{int(m.sum()):,} requests" + (f" ({drawn:,} drawn)" if drawn < m.sum() else "")
     return Chart("concurrency", title, fig, cap + (": " + " · ".join(parts) if parts else "") + ".")
 
 
