@@ -1,7 +1,8 @@
 """Fleet-mode cost: N vLLM instances × H hours in a real Prometheus TSDB, one diagnosis over it.
 
 Generates OpenMetrics text (6 key vLLM metrics, realistic values, a few sick instances that
-queue), loads it with ``promtool tsdb create-blocks-from openmetrics``, starts Prometheus on the
+queue; with --dcgm, also one DCGM exporter target per instance on the same address, port 9400,
+job "dcgm": framebuffer used/free and DRAM activity of its GPU), loads it with ``promtool tsdb create-blocks-from openmetrics``, starts Prometheus on the
 blocks and times ``kvdoctor diagnose --prometheus URL --start --end --step``: wall time, queries,
 bytes. Usage: python benchmarks/bench_fleet.py [--instances 200] [--hours 24] [--scrape 60] [--step 5m]
 """
@@ -23,7 +24,7 @@ import numpy as np
 LE = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-def generate(path: Path, n: int, hours: float, scrape: int, sick: set[int], t0: int) -> int:
+def generate(path: Path, n: int, hours: float, scrape: int, sick: set[int], t0: int, dcgm: bool = False) -> int:
     rng = np.random.default_rng(0)
     steps = int(hours * 3600 // scrape)
     ts = t0 + scrape * np.arange(steps)
@@ -75,6 +76,27 @@ def generate(path: Path, n: int, hours: float, scrape: int, sick: set[int], t0: 
                 yield f'vllm:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {cum[j]:.0f} {t}\n'
                 yield f"vllm:time_to_first_token_seconds_count{{{lab}}} {cum[j]:.0f} {t}\n"
 
+        def per_gpu(fn):
+            for i in range(n):
+                yield from fn(i, f'instance="10.0.{i // 250}.{i % 250}:9400",job="dcgm",gpu="0",'
+                                 f'UUID="GPU-{i:08x}",modelName="NVIDIA H100 80GB HBM3",Hostname="node-{i}"')
+
+        def fb_used(i, lab):  # MiB of 81559: weights + KV pool, a little more under load
+            v = 70000 + 2000 * np.minimum(base[i], 2) + 100 * rng.random(len(ts))
+            return (f"DCGM_FI_DEV_FB_USED{{{lab}}} {x:.0f} {t}\n" for x, t in zip(v, ts))
+
+        def fb_free(i, lab):
+            v = 81559 - (70000 + 2000 * np.minimum(base[i], 2))
+            return (f"DCGM_FI_DEV_FB_FREE{{{lab}}} {x:.0f} {t}\n" for x, t in zip(v, ts))
+
+        def dram(i, lab):
+            v = np.minimum(0.25 * base[i] + 0.05 * rng.random(len(ts)), 0.98)
+            return (f"DCGM_FI_PROF_DRAM_ACTIVE{{{lab}}} {x:.3f} {t}\n" for x, t in zip(v, ts))
+
+        if dcgm:
+            fam("DCGM_FI_DEV_FB_USED", "gauge", per_gpu(fb_used))
+            fam("DCGM_FI_DEV_FB_FREE", "gauge", per_gpu(fb_free))
+            fam("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", per_gpu(dram))
         fam("vllm:num_requests_running", "gauge", per_inst(running))
         fam("vllm:num_requests_waiting", "gauge", per_inst(waiting))
         fam("vllm:kv_cache_usage_perc", "gauge", per_inst(kv))
@@ -92,6 +114,7 @@ def main() -> int:
     ap.add_argument("--scrape", type=int, default=60)
     ap.add_argument("--step", default="5m")
     ap.add_argument("--sick", type=int, default=3)
+    ap.add_argument("--dcgm", action="store_true", help="add one DCGM exporter target per instance (job dcgm)")
     a = ap.parse_args()
     for b in ("prometheus", "promtool"):
         if not shutil.which(b):
@@ -103,7 +126,7 @@ def main() -> int:
         t0 = int(t_end - a.hours * 3600)
         sick = set(range(0, a.instances, max(1, a.instances // a.sick)))  # every (n/sick)-th
         t = time.perf_counter()
-        lines = generate(tmp / "data.om", a.instances, a.hours, a.scrape, sick, t0)
+        lines = generate(tmp / "data.om", a.instances, a.hours, a.scrape, sick, t0, a.dcgm)
         gen_s = time.perf_counter() - t
         t = time.perf_counter()
         subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "data.om"), str(tmp / "tsdb")],
@@ -125,7 +148,9 @@ def main() -> int:
             exe = str(Path(sys.executable).parent / "kvdoctor")
             t = time.perf_counter()
             r = subprocess.run([exe, "diagnose", "--prometheus", f"http://127.0.0.1:{port}", "--start", str(t0),
-                                "--end", str(t_end), "--step", a.step, "--format", "json"], capture_output=True, text=True)
+                                "--end", str(t_end), "--step", a.step, "--format", "json", "--selector", '{job="vllm"}',
+                                *(["--gpu-selector", '{job="dcgm"}'] if a.dcgm else [])],
+                               capture_output=True, text=True)
             wall = time.perf_counter() - t
         finally:
             prom.terminate()
@@ -142,7 +167,9 @@ def main() -> int:
                           "diagnose_wall_s": round(wall, 2), "fetch_s": fl["fetch_s"], "queries": fl["queries"],
                           "bytes": fl["bytes"], "instances_found": len(fl["instances"]),
                           "findings": [(f["rule"], f["scope"], f["kind"], len(f["instances"])) for f in out["findings"]],
-                          "sick_named_correctly": named == expect}, indent=1))
+                          "sick_named_correctly": named == expect,
+                          "instances_with_dcgm": sum("dcgm" in j for j in fl["joined"].values()) if a.dcgm else None,
+                          "warnings": fl["warnings"]}, indent=1))
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -56,6 +56,7 @@ TOPICS = ["rivers", "bread", "clocks", "bicycles", "owls", "trains", "tea", "bri
 
 
 from kvdoctor.testing.llama_server import free_port  # noqa: E402
+from kvdoctor.testing.nginx import write_conf  # noqa: E402
 from kvdoctor.testing.loadgen import percentile as pct  # noqa: E402
 
 
@@ -203,26 +204,6 @@ class Proc:
         return self.p.stdout.read() if self.p.stdout else ""
 
 
-NGINX_CONF = """
-worker_processes 1;
-daemon off;
-master_process on;
-user {user};
-error_log {tmp}/error.log warn;
-pid {tmp}/nginx.pid;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    {upstreams}
-    {servers}
-}}
-"""
-
 NGINX_SERVER = """
     upstream up_{i} {{ server 127.0.0.1:{up_port}; keepalive 64; }}
     server {{
@@ -240,18 +221,11 @@ NGINX_SERVER = """
 
 
 def start_nginx(pairs: list[tuple[int, int]], tmp: Path) -> Proc | None:
-    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-    if not exe:
-        return None
     servers = "".join(NGINX_SERVER.format(i=i, up_port=u, port=p) for i, (u, p) in enumerate(pairs))
-    user = "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")
-    conf = NGINX_CONF.format(tmp=tmp, upstreams="", servers=servers, user=user)
-    if os.geteuid() != 0:
-        conf = conf.replace(f"user {user};\n", "")
-    (tmp / "nginx.conf").write_text(conf)
-    proc = Proc("nginx", [exe, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
-                f"http://127.0.0.1:{pairs[0][1]}/health")
-    return proc
+    cmd = write_conf(tmp, servers)
+    if not cmd:
+        return None
+    return Proc("nginx", cmd, f"http://127.0.0.1:{pairs[0][1]}/health")
 
 
 # --------------------------------------------------------------------------- client

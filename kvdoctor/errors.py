@@ -15,3 +15,10 @@ class RuleError(KvdoctorError):
     """A rule file that does not validate: the message names file, rule id, field path and the fix."""
 
     exit_code = 3
+
+
+class SourceError(KvdoctorError):
+    """A source that could not be read at all (Prometheus refused or unreachable, nothing under
+    the selector): nothing to diagnose. The message names the source and the first reason."""
+
+    exit_code = 4

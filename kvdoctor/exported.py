@@ -32,6 +32,8 @@ METRICS: tuple[Exported, ...] = (
     Exported("kvdoctor_source_up", "gauge", ("source",), "1 when the source (nvml, host, scrape, proxy, otlp) reads, 0 when not"),
     Exported("kvdoctor_capture_records_total", "counter", ("kind",), "records written to the capture"),
     Exported("kvdoctor_server_up", "gauge", (), "1 while the inference server answers"),
+    Exported("kvdoctor_info", "gauge", ("server", "engine", "version"),
+             "1; the server URL this sidecar watches, its engine and kvdoctor's version (fleet mode joins on `server`)"),
 )
 
 NAMES = frozenset(m.name for m in METRICS)

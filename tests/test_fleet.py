@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvdoctor.diagnosis import Options, load_rules
 from kvdoctor.errors import InputError
 from kvdoctor.fleet import PromClient, PromError, diagnose_fleet, fetch, from_capture
 from kvdoctor.fleet.fleet import FleetData
-from kvdoctor.fleet.query import discovery_selector, plan, selector_matchers, time_range
+from kvdoctor.fleet.query import Selectors, discovery_selectors, plan, selector_matchers, time_range
 from kvdoctor.model import EngineSample
 
 
@@ -33,7 +36,11 @@ def test_selector_and_range_parsing():
     assert time_range(None, "10", "20") == (10.0, 20.0)
     with pytest.raises(InputError):
         time_range(None, "20", "10")
-    assert 'job="x"' in discovery_selector('job="x"') and "vllm:.*" in discovery_selector("")
+    one = discovery_selectors('job="x"')
+    assert len(one) == 1 and 'job="x"' in one[0] and "vllm:.*" in one[0] and "DCGM_FI_.*" in one[0]
+    eng, gpu, side = discovery_selectors(Selectors.parse('{job="v"}', '{job="dcgm"}', None))
+    assert "vllm:.*" in eng and "DCGM" not in eng and 'job="v"' in eng
+    assert gpu == '{__name__=~"DCGM_FI_.*",job="dcgm"}' and side == '{__name__=~"kvdoctor_.*",job="v"}'
 
 
 def test_plan_one_query_per_wire_name_histograms_by_bucket():
@@ -72,6 +79,104 @@ def test_fleet_findings_replica_vs_fleet():
     assert f["scope"] == "fleet" and f["kind"] == "capacity" and f["instances"] == ["a:1", "b:1", "c:1"]
 
 
+class Canned:
+    """Prometheus answers in the API's JSON shape, for the join rules' corner cases (Kubernetes
+    label renames, DCGM's Hostname, two engines on one host). The real server is tested below."""
+    url, queries, bytes = "canned", 0, 0
+
+    def __init__(self, series: list[tuple[dict[str, str], float]]):
+        self.series = series
+
+    def label_values(self, label, match, start, end):
+        return sorted({labels["__name__"] for labels, _ in self.series})
+
+    def query_range(self, query, start, end, step_s):
+        name = re.search(r'__name__="([^"]+)"', query)[1]
+        n = int((end - start) / step_s) + 1
+        return [{"metric": {k: v for k, v in labels.items() if k != "__name__"},
+                 "values": [[start + i * step_s, str(value)] for i in range(n)]}
+                for labels, value in self.series if labels["__name__"] == name]
+
+
+def _vllm(**labels):
+    return ({"__name__": "vllm:num_requests_running", **labels}, 4.0)
+
+
+def _dcgm(active: float, **labels):
+    return ({"__name__": "DCGM_FI_PROF_DRAM_ACTIVE", "gpu": "0", "modelName": "NVIDIA H100 80GB HBM3", **labels}, active)
+
+
+def _active(d: FleetData, name: str) -> float | None:
+    return d.samples[name][-1].values.get("gpu_dram_active_frac")
+
+
+def test_dcgm_joins_by_pod_rename_hostname_or_address():
+    # Kubernetes: the scrape target's pod label (the exporter's own pod) pushed dcgm-exporter's
+    # pod label (the workload on that GPU) to exported_pod
+    k8s = fetch(Canned([_vllm(pod="vllm-0", instance="10.1.0.4:8000"), _vllm(pod="vllm-1", instance="10.1.0.5:8000"),
+                        _dcgm(0.9, pod="dcgm-exporter-abc", exported_pod="vllm-0", instance="10.1.0.9:9400"),
+                        _dcgm(0.2, pod="dcgm-exporter-abc", exported_pod="vllm-1", instance="10.1.0.9:9400")]),
+                0, 60, 15, group_by=("pod",))
+    assert set(k8s.samples) == {"vllm-0", "vllm-1"} and not k8s.warnings
+    assert (_active(k8s, "vllm-0"), _active(k8s, "vllm-1")) == (0.9, 0.2)
+    assert k8s.joined == {"vllm-0": {"dcgm"}, "vllm-1": {"dcgm"}}
+    # bare metal: same address, another port; or the exporter's Hostname label names the host
+    bare = fetch(Canned([_vllm(instance="10.0.0.5:8000"), _vllm(instance="gpu-b:8000"),
+                         _dcgm(0.7, instance="10.0.0.5:9400", Hostname="x"),
+                         _dcgm(0.3, instance="dcgm.monitoring:9400", Hostname="gpu-b")]), 0, 60, 15)
+    assert (_active(bare, "10.0.0.5:8000"), _active(bare, "gpu-b:8000")) == (0.7, 0.3) and not bare.warnings
+    # two engines on one host and nothing that tells which GPU is whose: left out, said once
+    amb = fetch(Canned([_vllm(instance="10.0.0.7:8000"), _vllm(instance="10.0.0.7:8001"),
+                        _dcgm(0.5, instance="10.0.0.7:9400"), _dcgm(0.5, instance="10.0.0.7:9400", gpu="1")]), 0, 60, 15)
+    assert all(_active(amb, n) is None for n in amb.samples) and not amb.joined
+    assert len(amb.warnings) == 1 and "1 exporter target(s) (10.0.0.7:9400)" in amb.warnings[0]
+
+
+def test_sidecar_joins_the_server_it_watches():
+    series = [_vllm(instance="10.0.0.7:8000"), _vllm(instance="10.0.0.7:8001"),
+              ({"__name__": "kvdoctor_info", "server": "http://10.0.0.7:8001", "engine": "vllm", "instance": "10.0.0.7:9401"}, 1),
+              ({"__name__": "kvdoctor_incident_active", "rule": "kv-pressure-preemption", "instance": "10.0.0.7:9401"}, 1),
+              ({"__name__": "kvdoctor_gpu_memory_bandwidth_ratio", "gpu": "0", "instance": "10.0.0.7:9401"}, 0.75)]
+    d = fetch(Canned(series), 0, 60, 15)
+    assert [e.detail["sidecar_incident"] for e in d.events["10.0.0.7:8001"]] == ["kv-pressure-preemption"]
+    assert "10.0.0.7:8000" not in d.events and not d.warnings
+    assert (_active(d, "10.0.0.7:8001"), _active(d, "10.0.0.7:8000")) == (0.75, None)
+
+
+def _bandwidth_bound_instance(name: str, dram_active: float, n: int = 60) -> tuple[list[EngineSample], float]:
+    """vLLM-like samples every 10 s: requests running cycle 1..16, each step's decodes take
+    4 ms x running per token (bandwidth shared by the batch), DCGM DRAM activity alongside."""
+    les = [0.01, 0.025, 0.05, 0.075, 0.1]
+    cum, out = np.zeros(len(les)), []
+    for i in range(n):
+        running = 1 + (i * 7) % 16
+        tpot = 0.004 * running
+        cum += [20.0 if tpot <= le else 0.0 for le in les]
+        out.append(EngineSample(time_s=i * 10.0, engine="vllm", server=name,
+                                values={"requests_running": float(running), "requests_waiting": 0.0,
+                                        "generation_tokens_total": 500.0 * i, "gpu_dram_active_frac": dram_active},
+                                histograms={"tpot_seconds": {"le": les, "cum": list(cum), "sum": None, "count": 20.0 * (i + 1)}}))
+    return out, (n - 1) * 10.0
+
+
+def test_bandwidth_bound_decode_from_aggregated_metrics_and_dcgm():
+    """No request records: TPOT per scrape interval (histogram increase) against requests
+    running, and DRAM activity from DCGM, are enough for decode-bandwidth-bound and its cause."""
+    d = FleetData(0.0, 590.0, 10.0, "test")
+    for name, active in (("a:1", 0.9), ("b:1", 0.2)):
+        d.samples[name], _ = _bandwidth_bound_instance(name, active)
+        d.engines[name] = "vllm"
+    fd = diagnose_fleet(d, load_rules(), Options(lookback_s=300, step_s=30))
+    f = next(f for f in fd.findings if f["rule"] == "decode-bandwidth-bound")
+    assert f["instances"] == ["a:1", "b:1"] and f["kind"] == "capacity"
+    causes = {n: [c for i in fd.per_instance[n].incidents for c in i.causes if c.rule.id == "decode-bandwidth-bound"][0]
+              for n in ("a:1", "b:1")}
+    assert causes["a:1"].cause.startswith("Memory bandwidth is saturated")
+    assert not causes["b:1"].cause.startswith("Memory bandwidth is saturated")
+    assert causes["a:1"].evidence["tpot_high_over_low_concurrency"] >= 3
+    assert causes["a:1"].evidence["tpot_concurrency_corr"] > 0.8
+
+
 def test_unreachable_prometheus_is_a_warning_not_a_crash():
     d = fetch(PromClient("http://127.0.0.1:9", timeout_s=2), 0, 60, 15)
     assert not d.samples and any("cannot reach" in w for w in d.warnings)
@@ -99,47 +204,71 @@ def _wait(url: str, timeout_s: float = 60) -> None:
     raise TimeoutError(url)
 
 
+DCGM_FIXTURE = Path(__file__).parent / "data" / "metrics" / "datadog_dcgm_fixture_metrics.txt"
+JOBS = {"selector": '{job="llama"}', "gpu_selector": '{job="dcgm"}', "sidecar_selector": '{job="kvdoctor"}'}
+
+
 @pytest.fixture(scope="module")
 def fleet_stack():
+    """Two "hosts" on loopback (127.0.0.2, 127.0.0.3), each with a real llama-server and a DCGM
+    exporter stand-in (a recorded dcgm-exporter scrape whose activity follows that server's busy
+    slots); a real `kvdoctor attach` sidecar in front of the first, which gets 8 concurrent long
+    prompts on 2 slots through it for 110 s (the sidecar's live rules need 20 finished requests and then hold
+    30 s before an incident opens); the second gets a trickle. A real Prometheus scrapes all five
+    targets as three jobs, the way a fleet runs them."""
     if _prometheus_binary() is None:
         pytest.skip("/usr/bin/prometheus absent (apt-get install -y prometheus failed)")
+    from kvdoctor.testing.dcgm_standin import DcgmStandIn
     from kvdoctor.testing.llama_server import LlamaServer, free_port
     from kvdoctor.testing.loadgen import long_prompts, run_load, short_prompts
 
     tmp = Path(tempfile.mkdtemp(prefix="kvd-fleet-"))
-    with LlamaServer(parallel=2, threads=1, n_ctx=2048) as hot, LlamaServer(parallel=2, threads=1, n_ctx=2048) as cool:
-        port = free_port("127.0.0.1")
+    with LlamaServer(parallel=2, threads=1, n_ctx=2048, host="127.0.0.2") as hot, \
+            LlamaServer(parallel=2, threads=1, n_ctx=2048, host="127.0.0.3") as cool, \
+            DcgmStandIn(DCGM_FIXTURE, "127.0.0.2", hot.url, 2, hostname="gpu-node-a") as dcgm_hot, \
+            DcgmStandIn(DCGM_FIXTURE, "127.0.0.3", cool.url, 2, hostname="gpu-node-b") as dcgm_cool:
+        proxy_port, side_port, port = free_port("127.0.0.2"), free_port("127.0.0.2"), free_port("127.0.0.1")
+        sidecar = subprocess.Popen(
+            [sys.executable, "-m", "kvdoctor", "attach", "--server", hot.url, "--proxy", f"127.0.0.2:{proxy_port}",
+             "--listen", f"127.0.0.2:{side_port}", "--capture", str(tmp / "sidecar"), "--gpu", "none",
+             "--step", "2s", "-q"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "sidecar.log", "wb"))
         (tmp / "prom.yml").write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            "scrape_configs:\n  - job_name: llama\n    static_configs:\n"
-            f"      - targets: ['127.0.0.1:{hot.port}', '127.0.0.1:{cool.port}']\n")
+            "scrape_configs:\n"
+            f"  - job_name: llama\n    static_configs: [{{targets: ['{hot.host}:{hot.port}', '{cool.host}:{cool.port}']}}]\n"
+            f"  - job_name: dcgm\n    static_configs: [{{targets: ['127.0.0.2:{dcgm_hot.port}', '127.0.0.3:{dcgm_cool.port}']}}]\n"
+            f"  - job_name: kvdoctor\n    static_configs: [{{targets: ['127.0.0.2:{side_port}']}}]\n")
         prom = subprocess.Popen([str(PROM), f"--config.file={tmp / 'prom.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
                                  f"--web.listen-address=127.0.0.1:{port}"],
                                 stdout=subprocess.DEVNULL, stderr=open(tmp / "prom.log", "wb"))
         try:
             url = f"http://127.0.0.1:{port}"
             _wait(url + "/-/ready")
+            _wait(f"http://127.0.0.2:{side_port}/healthz")
 
             def load():
                 async def both():
                     await asyncio.gather(
-                        run_load(hot.url, long_prompts(400, tokens=300, max_tokens=48), concurrency=8,
-                                 timeout_s=120, max_duration_s=75),
+                        run_load(f"http://127.0.0.2:{proxy_port}", long_prompts(400, tokens=300, max_tokens=48),
+                                 concurrency=8, timeout_s=120, max_duration_s=110),
                         run_load(cool.url, short_prompts(60, max_tokens=16), concurrency=1, arrival_rate_per_s=0.3,
-                                 timeout_s=120, max_duration_s=75))
+                                 timeout_s=120, max_duration_s=110))
                 asyncio.run(both())
 
             th = threading.Thread(target=load, daemon=True)
             th.start()
-            th.join(timeout=150)
+            th.join(timeout=200)
             time.sleep(3)  # last scrapes
-            yield {"url": url, "hot": f"127.0.0.1:{hot.port}", "cool": f"127.0.0.1:{cool.port}", "tmp": tmp}
+            yield {"url": url, "hot": f"127.0.0.2:{hot.port}", "cool": f"127.0.0.3:{cool.port}", "tmp": tmp,
+                   "sidecar": f"127.0.0.2:{side_port}"}
         finally:
-            prom.terminate()
-            try:
-                prom.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                prom.kill()
+            for p in (prom, sidecar):
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -148,17 +277,21 @@ def fleet_stack():
 def test_queries_against_real_prometheus(fleet_stack):
     url, now = fleet_stack["url"], time.time()
     c = PromClient(url, timeout_s=30)
-    names = c.label_values("__name__", [discovery_selector('job="llama"')], now - 180, now)
-    assert "llamacpp:requests_deferred" in names
-    planned = plan(names, 'job="llama"')
-    assert all(p.table.name == "llamacpp" for p in planned) and len(planned) == len({p.name for p in planned})
+    sel = Selectors.parse(**JOBS)
+    names = c.label_values("__name__", discovery_selectors(sel), now - 180, now)
+    assert {"llamacpp:requests_deferred", "DCGM_FI_PROF_DRAM_ACTIVE", "kvdoctor_info"} <= set(names)
+    planned = plan(names, sel)
+    assert {p.table.name if p.table else "sidecar" for p in planned} == {"llamacpp", "dcgm", "sidecar"}
+    assert len(planned) == len({p.name for p in planned})
     res = c.query_range(next(p.query for p in planned if p.name == "llamacpp:requests_deferred"), now - 120, now, 2)
     assert {r["metric"]["instance"] for r in res} == {fleet_stack["hot"], fleet_stack["cool"]}
+    dram = c.query_range(next(p.query for p in planned if p.name == "DCGM_FI_PROF_DRAM_ACTIVE"), now - 120, now, 2)
+    assert {r["metric"]["job"] for r in dram} == {"dcgm"} and len(dram) == 2
     with pytest.raises(PromError) as e:
         c.query_range("sum(", now - 60, now, 2)
     assert "sum(" in str(e.value) and "bad_data" in str(e.value)
-    d = fetch(PromClient(url), now - 180, now, 2, '{job="llama"}')
-    assert set(d.samples) == {fleet_stack["hot"], fleet_stack["cool"]}
+    d = fetch(PromClient(url), now - 180, now, 2, sel)
+    assert set(d.samples) == {fleet_stack["hot"], fleet_stack["cool"]}, d.warnings
     assert d.queries == 1 + len(planned)  # discovery + one per wire name, not per instance
     hot = [s.values.get("requests_waiting", 0) for s in d.samples[fleet_stack["hot"]]]
     assert max(hot) >= 2
@@ -166,9 +299,40 @@ def test_queries_against_real_prometheus(fleet_stack):
 
 @pytest.mark.server
 @pytest.mark.slow
+def test_dcgm_and_sidecar_series_join_their_engine_instance(fleet_stack):
+    """DCGM targets (another job, another port) join the llama-server on the same address; the
+    sidecar joins the server its kvdoctor_info names; nothing is left over."""
+    now = time.time()
+    d = fetch(PromClient(fleet_stack["url"]), now - 180, now, 2, Selectors.parse(**JOBS))
+    assert not [w for w in d.warnings if "match" in w], d.warnings
+
+    def dram(name):
+        v = np.array([s.values.get("gpu_dram_active_frac", np.nan) for s in d.samples[name]])
+        return v[np.isfinite(v)]
+
+    hot, cool = dram(fleet_stack["hot"]), dram(fleet_stack["cool"])
+    assert len(hot) > 20 and len(cool) > 20
+    assert np.percentile(hot, 90) >= 0.8 > np.percentile(cool, 90)  # 2/2 slots busy vs a trickle
+    assert all("gpu_mem_used_bytes" in s.values for s in d.samples[fleet_stack["cool"]][-5:])
+    # the per-instance diagnosis sees DCGM as its GPU: bandwidth and memory signals have values
+    diag = diagnose_fleet(d, load_rules(), Options(lookback_s=120, step_s=2)).per_instance[fleet_stack["hot"]]
+    w = diag.prepared.window(d.start_s, d.end_s)
+    assert w.value("mem_bw_util_p90") >= 0.8 and 0.5 < w.value("gpu_mem_used_max_frac") < 0.85
+    # the sidecar's own incidents are attributed to the server it watches, and only to it
+    side = [e.detail["sidecar_incident"] for e in d.events.get(fleet_stack["hot"], [])]
+    assert side, (fleet_stack["tmp"] / "sidecar.log").read_text()[-2000:]
+    assert not d.events.get(fleet_stack["cool"])
+    # one selector for every kind: DCGM and the sidecar are other jobs, so they are not fetched
+    narrow = fetch(PromClient(fleet_stack["url"]), now - 180, now, 2, JOBS["selector"])
+    assert narrow.samples and not narrow.events
+    assert not any("gpu_dram_active_frac" in s.values for ss in narrow.samples.values() for s in ss)
+
+
+@pytest.mark.server
+@pytest.mark.slow
 def test_diagnose_names_only_the_overloaded_instance(fleet_stack, run_cli):
-    r = run_cli("diagnose", "--prometheus", fleet_stack["url"], "--since", "3m", "--step", "2s",
-                "--selector", '{job="llama"}', "--format", "json")
+    sel = [a for k, v in JOBS.items() for a in ("--" + k.replace("_", "-"), v)]
+    r = run_cli("diagnose", "--prometheus", fleet_stack["url"], "--since", "3m", "--step", "2s", *sel, "--format", "json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     q = [f for f in out["findings"] if f["rule"] == "queueing-saturation"]
@@ -176,21 +340,24 @@ def test_diagnose_names_only_the_overloaded_instance(fleet_stack, run_cli):
     assert q[0]["instances"] == [fleet_stack["hot"]] and q[0]["scope"] == "replica"
     assert all(fleet_stack["cool"] not in f["instances"] for f in out["findings"])
     assert not out["instances"][fleet_stack["cool"]]["incidents"]
-    text = run_cli("diagnose", "--prometheus", fleet_stack["url"], "--since", "3m", "--step", "2s")
-    assert text.returncode == 0 and f"queueing-saturation [replica/" in text.stdout and fleet_stack["hot"] in text.stdout
+    assert set(out["fleet"]["instances"]) == {fleet_stack["hot"], fleet_stack["cool"]}  # no DCGM/sidecar "instances"
+    text = run_cli("diagnose", "--prometheus", fleet_stack["url"], "--since", "3m", "--step", "2s", *sel)
+    assert text.returncode == 0 and "queueing-saturation [replica/" in text.stdout and fleet_stack["hot"] in text.stdout
+    hot_line = next(x for x in text.stdout.splitlines() if x.strip().startswith(fleet_stack["hot"] + " ("))
+    assert "sidecar reported:" in hot_line and "(llamacpp + dcgm + sidecar)" in hot_line
+    assert out["fleet"]["joined"] == {fleet_stack["hot"]: ["dcgm", "sidecar"], fleet_stack["cool"]: ["dcgm"]}
 
 
 @pytest.mark.server
 @pytest.mark.slow
 def test_import_prometheus_range_and_replay(fleet_stack, run_cli):
-    from kvdoctor import importers
-    from kvdoctor.importers.base import write_capture
-
     cap = fleet_stack["tmp"] / "cap"
-    imp = importers.get("prometheus-range").read([], {"prometheus": fleet_stack["url"], "since": "3m", "step": "2s"})
-    assert write_capture(imp, cap) > 0
+    r = run_cli("import", "prometheus-range", fleet_stack["url"], "-o", str(cap), "--opt", "since=3m",
+                "--opt", "step=2s", *[a for k, v in JOBS.items() for a in ("--opt", f"{k}={v}")])
+    assert r.returncode == 0, r.stderr
     d = from_capture(cap)
     assert set(d.samples) == {fleet_stack["hot"], fleet_stack["cool"]}
+    assert any("gpu_dram_active_frac" in s.values for s in d.samples[fleet_stack["hot"]])
     r = run_cli("diagnose", "--prometheus", str(cap), "--step", "2s", "--format", "json")
     assert r.returncode == 0, r.stderr
     q = [f for f in json.loads(r.stdout)["findings"] if f["rule"] == "queueing-saturation"]
@@ -240,3 +407,72 @@ def test_tls_and_basic_auth_against_real_prometheus(tmp_path):
     finally:
         prom.terminate()
         prom.wait(10)
+
+
+@pytest.mark.server
+def test_bearer_token_against_a_gated_prometheus(tmp_path, run_cli):
+    """Hosted Prometheus-compatible APIs (Mimir or Thanos gateways, Grafana Cloud, a reverse proxy)
+    take a bearer token. Here a real nginx in front of a real Prometheus refuses any request
+    without `Authorization: Bearer <token>`; the token comes from --bearer-token or
+    $KVDOCTOR_PROM_TOKEN and is never printed."""
+    from kvdoctor.testing.llama_server import free_port
+    from kvdoctor.testing.nginx import write_conf
+
+    if _prometheus_binary() is None:
+        pytest.skip("/usr/bin/prometheus absent (apt-get install -y prometheus failed)")
+    prom_port, gate_port, token = free_port(), free_port(), "kvd-test-token-8d1f"
+    cmd = write_conf(tmp_path, f"""
+    server {{
+        listen 127.0.0.1:{gate_port};
+        location / {{
+            if ($http_authorization != "Bearer {token}") {{ return 401 "unauthorized\\n"; }}
+            proxy_pass http://127.0.0.1:{prom_port};
+        }}
+    }}""")
+    if not cmd:
+        pytest.skip("nginx absent (scripts/install-services installs nginx-light)")
+    # a recorded vLLM /metrics page, served as it was scraped, stands for the engine behind it
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    quiet = type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
+    page = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(quiet, directory=str(DCGM_FIXTURE.parent)))
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    (tmp_path / "prom.yml").write_text(
+        f"global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: vllm\n"
+        f"    metrics_path: /vllm_v0_qwen2.5-coder-1.5b_aibrix_runtime_doc.prom\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{page.server_address[1]}']}}]\n")
+    procs = [subprocess.Popen([str(PROM), f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                               f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+             subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        _wait(f"http://127.0.0.1:{prom_port}/-/ready")
+        url = f"http://127.0.0.1:{gate_port}"
+        ok = PromClient(url, bearer_token=token, timeout_s=5)
+        end = time.time() + 30
+        while True:
+            try:
+                if ok.query_range('vllm:num_requests_running', time.time() - 60, time.time(), 1):
+                    break
+            except PromError:
+                pass
+            if time.time() > end:
+                raise TimeoutError("no vLLM series through the gate")
+            time.sleep(0.5)
+        for bad in (None, "wrong"):
+            with pytest.raises(PromError, match="401"):
+                PromClient(url, bearer_token=bad, timeout_s=5).query_range("up", time.time() - 60, time.time(), 1)
+        # the CLI: token from the environment; a refused one is a named warning, not a traceback
+        env_ok = run_cli("diagnose", "--prometheus", url, "--since", "1m", "--step", "5s", "--format", "json",
+                         env_extra={"KVDOCTOR_PROM_TOKEN": token})
+        assert env_ok.returncode == 0, env_ok.stderr
+        assert json.loads(env_ok.stdout)["fleet"]["instances"] == [f"127.0.0.1:{page.server_address[1]}"]
+        assert "401" not in env_ok.stderr
+        refused = run_cli("diagnose", "--prometheus", url, "--since", "1m", "--step", "5s", "--bearer-token", "wrong")
+        assert refused.returncode == 4 and "nothing to diagnose" in refused.stderr.splitlines()[-1]
+        assert "401" in refused.stderr and "Traceback" not in refused.stderr and "wrong" not in refused.stderr
+    finally:
+        page.shutdown()
+        for p in procs:
+            p.terminate()
+            p.wait(10)

@@ -16,6 +16,10 @@ def fleet_options(f):
                      help="Fleet mode: diagnose every instance a Prometheus server holds (or replay a capture "
                           "saved by `import prometheus-range`)."),
         click.option("--selector", metavar="'{job=\"vllm\"}'", help="Fleet mode: label matchers every query gets."),
+        click.option("--gpu-selector", metavar="'{job=\"dcgm\"}'",
+                     help="Fleet mode: matchers for DCGM exporter series instead of --selector (they are often another job)."),
+        click.option("--sidecar-selector", metavar="'{job=\"kvdoctor\"}'",
+                     help="Fleet mode: matchers for kvdoctor sidecars' series instead of --selector."),
         click.option("--start", "prom_start", help="Fleet mode: range start (epoch, ISO 8601 or a duration ago)."),
         click.option("--end", "prom_end", help="Fleet mode: range end (default now)."),
         click.option("--group-by", default="instance", show_default=True,
@@ -31,10 +35,11 @@ def fleet_options(f):
 
 
 def fetch_from_options(prometheus: str, selector, since, until, prom_start, prom_end, step, group_by,
-                       bearer_token, basic_auth, ca_file, insecure, prom_timeout, default_since: str = "1h"):
+                       bearer_token, basic_auth, ca_file, insecure, prom_timeout, default_since: str = "1h",
+                       gpu_selector: str | None = None, sidecar_selector: str | None = None):
     """FleetData from a Prometheus URL, or from a saved capture folder (offline replay)."""
     from ..fleet import PromClient, fetch, from_capture
-    from ..fleet.query import parse_duration, time_range
+    from ..fleet.query import Selectors, parse_duration, time_range
 
     if not prometheus.startswith(("http://", "https://")):
         if Path(prometheus).is_dir():
@@ -47,19 +52,26 @@ def fetch_from_options(prometheus: str, selector, since, until, prom_start, prom
     client = PromClient(prometheus, bearer_token=bearer_token, basic_auth=basic_auth, ca_file=ca_file,
                         insecure=insecure, timeout_s=parse_duration(prom_timeout, "prom-timeout"))
     groups = tuple(g.strip() for g in group_by.split(",") if g.strip()) or ("instance",)
-    return fetch(client, t0, t1, step_s, selector, groups)
+    return fetch(client, t0, t1, step_s, Selectors.parse(selector, gpu_selector, sidecar_selector), groups)
 
 
 def run_fleet(prometheus, selector, since, until, prom_start, prom_end, step, lookback, group_by, rules_dirs, slo,
-              sets, bearer_token, basic_auth, ca_file, insecure, prom_timeout, fmt, output) -> None:
+              sets, bearer_token, basic_auth, ca_file, insecure, prom_timeout, fmt, output,
+              gpu_selector=None, sidecar_selector=None) -> None:
     from ..diagnosis import Options, load_rules, parse_slo
     from ..diagnosis.rules import parse_duration, parse_overrides
     from ..fleet import diagnose_fleet, render_text
 
     data = fetch_from_options(prometheus, selector, since, until, prom_start, prom_end, step, group_by,
-                              bearer_token, basic_auth, ca_file, insecure, prom_timeout)
+                              bearer_token, basic_auth, ca_file, insecure, prom_timeout,
+                              gpu_selector=gpu_selector, sidecar_selector=sidecar_selector)
     for w in data.warnings:
         click.echo(w, err=True)
+    if not data.samples:
+        from ..errors import SourceError
+
+        why = data.warnings[0].removeprefix("warning: ") if data.warnings else "no instances in the range"
+        raise SourceError(f"nothing to diagnose from {data.source}: {why}")
     try:
         opts = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo))
     except ValueError as e:

@@ -64,6 +64,7 @@ class Agent:
                            config=dict(cfg.engine_config), text_stored=cfg.store_text, tool_version=__version__)
         self.writer = CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes)
         self.metrics = Metrics()
+        self._set_info(None)
         self.live = LiveDiagnoser(cfg.rules, cfg.options)
         self._recent: dict[str, collections.deque] = {k: collections.deque() for k in ("requests", "gpu", "host", "engine", "events")}
         self._status: dict[str, tuple[bool, str]] = {}
@@ -105,6 +106,12 @@ class Agent:
                 detail = {k: v for k, v in record.detail.items() if k != "engine"}
                 self.writer.update_meta(config={**self.writer.meta.config, **detail, **self.cfg.engine_config},
                                         engine=record.detail.get("engine") or self.writer.meta.engine)
+                self._set_info(self.writer.meta.engine)
+
+    def _set_info(self, engine: str | None) -> None:
+        info = self.metrics["kvdoctor_info"]
+        info.clear()
+        info.labels(server=self.cfg.server_url, engine=engine or "", version=__version__).set(1)
 
     def source_status(self, name: str, ok: bool, detail: str = "") -> None:
         if self._status.get(name) == (ok, detail):

@@ -575,7 +575,18 @@ class _Proxy:
             await resp.prepare(request)
             await resp.write_eof()
             return resp, True
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+        except (ConnectionError, RuntimeError) as e:
+            # the client gave up while the request waited upstream (queued behind busy slots)
+            if an is not None:
+                an.status, an.note = "cancelled", f"client disconnected before the response: {type(e).__name__}"
+                try:
+                    an.end(time.time())
+                    self._emit(an, body)
+                except Exception as e2:  # noqa: BLE001
+                    self._fail(an, "end", e2)
+            return resp, False
         client_gone = False
         try:
             async for chunk in up.content.iter_any():

@@ -162,7 +162,8 @@ def _incident(prep: Prepared, symptom: str, cluster: list[Activation], opt: Opti
               for a in best.values()]
     causes.sort(key=lambda c: (-c.confidence, -SEVERITY_RANK[c.rule.severity], c.rule.id))
     top = causes[0].rule
-    impact: dict[str, Any] = {"requests": w.n_requests, "errors": int(w.value("errors"))}
+    errors = w.value("errors")  # NaN: no request records and no engine failure counter
+    impact: dict[str, Any] = {"requests": w.n_requests, "errors": int(errors) if errors == errors else None}
     if top.impact:
         impact["signal"] = top.impact
         impact["value"] = w.value(top.impact)

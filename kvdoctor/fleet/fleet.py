@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from ..engines.neutral import NEUTRAL, derive
 from ..engines.rates import counter_increase
 from ..model import CaptureMeta, EngineSample, Event, SourceStatus
 from .client import PromClient, PromError
-from .query import Planned, discovery_selector, plan, selector_matchers
+from .query import Planned, Selectors, discovery_selectors, plan
 
 LOAD_SIGNALS = ("generation_tokens_total", "prompt_tokens_total", "request_success_total", "requests_total")
 IMBALANCE_RATIO = 1.5
@@ -43,12 +44,20 @@ class FleetData:
     engines: dict[str, str | None] = field(default_factory=dict)
     events: dict[str, list[Event]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: instance -> exporters joined to it ("dcgm", "sidecar")
+    joined: dict[str, set[str]] = field(default_factory=dict)
     queries: int = 0
     bytes: int = 0
     fetch_s: float = 0.0
 
 
-def _group(labels: dict[str, str], group_by: tuple[str, ...]) -> str:
+def _group(labels: dict[str, str], group_by: tuple[str, ...], exported: bool = False) -> str:
+    """The instance a series belongs to. ``exported``: for exporter series (DCGM, sidecars),
+    ``exported_pod`` etc. win over ``pod``: Prometheus renames an exporter's own ``pod`` label
+    (the workload using the GPU) to that when the scrape target's ``pod`` label (the exporter's
+    pod) takes its place."""
+    if exported:
+        labels = {**labels, **{k: labels[f"exported_{k}"] for k in group_by if labels.get(f"exported_{k}")}}
     vals = [labels[k] for k in group_by if labels.get(k)]
     if not vals:
         return "unknown"
@@ -59,18 +68,21 @@ def _host(name: str) -> str:
     return name.rsplit(":", 1)[0] if ":" in name and "=" not in name else name
 
 
-def fetch(client: PromClient, start: float, end: float, step_s: float, selector: str | None = None,
+def fetch(client: PromClient, start: float, end: float, step_s: float, selector: str | Selectors | None = None,
           group_by: tuple[str, ...] = ("instance",), workers: int = 4) -> FleetData:
+    """Every instance's engine samples over [start, end]: one discovery call, then one
+    query_range per metric name present (``selector``: a PromQL selector string for every kind
+    of series, or :class:`Selectors` per kind)."""
     t_begin = time.perf_counter()
-    matchers = selector_matchers(selector)
+    sel = selector if isinstance(selector, Selectors) else Selectors.parse(selector)
     data = FleetData(start, end, step_s, client.url)
     try:
-        names = client.label_values("__name__", [discovery_selector(matchers)], start, end)
+        names = client.label_values("__name__", discovery_selectors(sel), start, end)
     except PromError as e:
         data.warnings.append(f"warning: {e}; nothing fetched")
         data.queries, data.bytes = client.queries, client.bytes
         return data
-    planned = plan(names, matchers)
+    planned = plan(names, sel)
     if not planned:
         data.warnings.append(f"no metrics of a known engine under selector {selector or '{}'} in the range")
 
@@ -86,6 +98,7 @@ def fetch(client: PromClient, start: float, end: float, step_s: float, selector:
     vals: dict[str, dict[str, dict[str, list]]] = defaultdict(lambda: defaultdict(dict))
     hists: dict[str, dict[str, dict[str, list]]] = defaultdict(lambda: defaultdict(dict))
     sidecar: dict[str, dict[str, Any]] = defaultdict(dict)
+    hostnames: dict[str, set[str]] = defaultdict(set)  # exporter group -> its Hostname labels
     models: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for p, result, err in pool.map(run, planned):
@@ -94,7 +107,10 @@ def fetch(client: PromClient, start: float, end: float, step_s: float, selector:
                 continue
             for series in result:
                 labels = series.get("metric") or {}
-                g = _group(labels, group_by)
+                exporter = p.table is None or p.table.name == "dcgm"
+                g = _group(labels, group_by, exported=exporter)
+                if exporter and labels.get("Hostname"):
+                    hostnames[g].add(labels["Hostname"])
                 arr = np.full(n, np.nan)
                 for t, v in series.get("values") or ():
                     k = int(round((float(t) - start) / step_s))
@@ -127,53 +143,76 @@ def fetch(client: PromClient, start: float, end: float, step_s: float, selector:
                         arr = np.where(arr < 0, np.nan, arr)
                     cur[1].append(arr * w.scale)
     data.queries, data.bytes = client.queries, client.bytes
-    _assemble(data, grid, vals, hists, sidecar, models)
+    _assemble(data, grid, vals, hists, sidecar, models, hostnames)
     data.fetch_s = time.perf_counter() - t_begin
     return data
 
 
+#: sidecar GPU metrics -> neutral names, used for an instance without DCGM series
+SIDECAR_GPU = {"kvdoctor_gpu_memory_used_bytes": "gpu_mem_used_bytes",
+               "kvdoctor_gpu_memory_total_bytes": "gpu_mem_total_bytes",
+               "kvdoctor_gpu_memory_bandwidth_ratio": "gpu_dram_active_frac"}
+
+
 def _sidecar(store: dict[str, Any], name: str, labels: dict[str, str], arr: np.ndarray) -> None:
-    if name == "kvdoctor_incident_active":
+    if name == "kvdoctor_info":
+        host = urlsplit(labels.get("server", "")).netloc
+        if host:
+            store["server"] = host
+    elif name == "kvdoctor_incident_active":
         if np.nanmax(arr, initial=0) > 0:
             store.setdefault("incidents", set()).add(labels.get("rule", "?"))
     elif name == "kvdoctor_kv_usage_ratio":
         store["kv_usage_frac"] = arr
+    elif name in SIDECAR_GPU:
+        store.setdefault("gpu", defaultdict(list))[SIDECAR_GPU[name]].append(arr)
 
 
 def _combine(arrs: list[np.ndarray], agg: str) -> np.ndarray:
     a = np.vstack(arrs)
-    ok = np.isfinite(a).any(axis=0)
+    n = np.isfinite(a).sum(axis=0)
+    total = np.nansum(a, axis=0)
     with np.errstate(all="ignore"):
-        out = np.nanmean(a, axis=0) if agg == "mean" else np.nansum(a, axis=0)
-    return np.where(ok, out, np.nan)
+        out = total / n if agg == "mean" else total
+    return np.where(n > 0, out, np.nan)
 
 
-def _assemble(data: FleetData, grid, vals, hists, sidecar, models) -> None:
+def _assemble(data: FleetData, grid, vals, hists, sidecar, models, hostnames=None) -> None:
+    hostnames = hostnames or {}
     groups = set(vals) | set(hists)
     engine_of: dict[str, str | None] = {}
     for g in groups:
         every = [e for per in list(vals[g].values()) + list(hists[g].values()) for e in per]
         engs = [e for e in every if e != "dcgm"]
         engine_of[g] = max(set(engs), key=engs.count) if engs else ("dcgm" if every else None)
-    llm = [g for g in groups if engine_of[g] not in (None, "dcgm")]
+    llm = {g for g in groups if engine_of[g] not in (None, "dcgm")}
     by_host: dict[str, list[str]] = defaultdict(list)
-    for g in llm:
+    for g in sorted(llm):
         by_host[_host(g)].append(g)
 
-    def home(g: str) -> str | None:
-        if g in llm:
-            return g
-        cands = by_host.get(_host(g), [])
-        return cands[0] if len(cands) == 1 else None
+    def home(g: str, server: str | None = None) -> str | None:
+        """The engine instance an exporter's series belong to: the sidecar's watched server,
+        the same group label, else the one engine on the same host (by address or DCGM's
+        ``Hostname``) when there is exactly one."""
+        for key in (server, g):
+            if key and key in llm:
+                return key
+        for key in ([_host(server)] if server else []) + [_host(g)] + sorted(hostnames.get(g, ())):
+            if len(by_host.get(key, ())) == 1:
+                return by_host[key][0]
+        return None
 
     merged_v: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     merged_h: dict[str, dict[str, dict]] = defaultdict(dict)
-    for g in groups:
+    unmatched: list[str] = []
+    for g in sorted(groups):
         h = home(g)
         if h is None:
             if engine_of[g] == "dcgm":
-                data.warnings.append(f"DCGM series of {g} match no engine instance (by {g!r} or its host); left out")
+                unmatched.append(g)
             continue
+        if any("dcgm" in per for per in vals[g].values()):
+            data.joined.setdefault(h, set()).add("dcgm")
         for neutral, per in vals[g].items():
             for eng, (_, arrs) in per.items():
                 if arrs:
@@ -181,12 +220,23 @@ def _assemble(data: FleetData, grid, vals, hists, sidecar, models) -> None:
         for neutral, per in hists[g].items():
             best = min(per.values(), key=lambda x: x[0])  # one engine's histogram per neutral name
             merged_h[h].setdefault(neutral, {}).update(best[1])
-    for g, sc in sidecar.items():
-        h = home(g)
+    if unmatched:
+        data.warnings.append(
+            f"DCGM series of {len(unmatched)} exporter target(s) ({', '.join(unmatched[:3])}"
+            f"{', …' if len(unmatched) > 3 else ''}) match no engine instance by label, address or Hostname; "
+            "left out (join them with --group-by pod and dcgm-exporter's pod mapping, or narrow --gpu-selector)")
+    for g, sc in sorted(sidecar.items()):
+        h = home(g, sc.get("server"))
         if h is None:
+            if sc.get("incidents") or sc.get("server"):
+                data.warnings.append(f"kvdoctor sidecar {g} (watching {sc.get('server', '?')}) matches no engine instance; left out")
             continue
+        data.joined.setdefault(h, set()).add("sidecar")
         if "kv_usage_frac" in sc and "kv_usage_frac" not in merged_v[h]:
             merged_v[h]["kv_usage_frac"].append(sc["kv_usage_frac"])
+        for neutral, arrs in sc.get("gpu", {}).items():
+            if neutral not in merged_v[h]:  # DCGM, when present, is the GPU source
+                merged_v[h][neutral].append(_combine(arrs, NEUTRAL[neutral].agg))
         for rule in sorted(sc.get("incidents", ())):
             data.events.setdefault(h, []).append(Event(time_s=data.end_s, kind="note", server=h,
                                                        detail={"sidecar_incident": rule}))
@@ -267,6 +317,7 @@ class FleetDiagnosis:
             "fleet": {"source": d.source, "start_s": d.start_s, "end_s": d.end_s, "step_s": d.step_s,
                       "instances": sorted(d.samples), "queries": d.queries, "bytes": d.bytes,
                       "fetch_s": round(d.fetch_s, 3), "warnings": d.warnings,
+                      "joined": {k: sorted(d.joined.get(k, ())) for k in sorted(d.samples)},
                       "load_per_s": {k: _num(v) for k, v in self.load.items()}},
             "findings": self.findings,
             "instances": {k: v.to_json() for k, v in self.per_instance.items()},
@@ -359,9 +410,9 @@ def render_text(fd: FleetDiagnosis) -> str:
         side = sorted(e.detail["sidecar_incident"] for e in d.events.get(name, ()) if "sidecar_incident" in e.detail)
         extra = f"; sidecar reported: {', '.join(side)}" if side else ""
         lr = fd.load.get(name, math.nan)
-        lines.append(f"  {name} ({d.engines.get(name)}): {', '.join(rules) if rules else 'healthy'}"
-                     f" (load {lr:.1f}/s){extra}" if math.isfinite(lr) else
-                     f"  {name} ({d.engines.get(name)}): {', '.join(rules) if rules else 'healthy'}{extra}")
+        what = " + ".join([str(d.engines.get(name))] + sorted(d.joined.get(name, ())))
+        load = f" (load {lr:.1f}/s)" if math.isfinite(lr) else ""
+        lines.append(f"  {name} ({what}): {', '.join(rules) if rules else 'healthy'}{load}{extra}")
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,8 @@ from ..errors import InputError
 from ..timeparse import epoch_or_iso
 
 #: kvdoctor sidecars' own metrics (kvdoctor/exported.py) the fleet view reads
-SIDECAR = ("kvdoctor_incident_active", "kvdoctor_kv_usage_ratio", "kvdoctor_server_up")
+SIDECAR = ("kvdoctor_info", "kvdoctor_incident_active", "kvdoctor_kv_usage_ratio", "kvdoctor_server_up",
+           "kvdoctor_gpu_memory_used_bytes", "kvdoctor_gpu_memory_total_bytes", "kvdoctor_gpu_memory_bandwidth_ratio")
 
 _DUR = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -85,10 +86,48 @@ def series_selector(name: str, matchers: str) -> str:
     return "{" + ",".join([f'__name__="{name}"'] + ([matchers] if matchers else [])) + "}"
 
 
-def discovery_selector(matchers: str) -> str:
-    prefixes = sorted({p for t in TABLES for p in t.prefixes} | {alt for alt, _ in FOLD} | {"kvdoctor_"})
-    rx = "|".join(re.escape(p).replace("\\:", ":") + ".*" for p in prefixes)
-    return "{" + ",".join([f'__name__=~"{rx}"'] + ([matchers] if matchers else [])) + "}"
+@dataclass(frozen=True)
+class Selectors:
+    """Label matchers (checked, without braces) per kind of series: engines, the DCGM exporter
+    and kvdoctor sidecars often run as different Prometheus jobs."""
+    engine: str = ""
+    gpu: str = ""
+    sidecar: str = ""
+
+    @classmethod
+    def parse(cls, selector: str | None, gpu_selector: str | None = None,
+              sidecar_selector: str | None = None) -> "Selectors":
+        """From --selector, --gpu-selector, --sidecar-selector (the last two default to the first)."""
+        e = selector_matchers(selector)
+        return cls(e, selector_matchers(gpu_selector) if gpu_selector is not None else e,
+                   selector_matchers(sidecar_selector) if sidecar_selector is not None else e)
+
+    def for_name(self, name: str) -> str:
+        if name.startswith("kvdoctor_"):
+            return self.sidecar
+        return self.gpu if name.startswith(DCGM_PREFIX) else self.engine
+
+
+DCGM_PREFIX = "DCGM_FI_"
+
+
+def _name_regex(prefixes) -> str:
+    return "|".join(re.escape(p).replace("\\:", ":") + ".*" for p in sorted(prefixes))
+
+
+def discovery_selectors(sel: Selectors | str) -> list[str]:
+    """``match[]`` selectors for one ``label/__name__/values`` call: every known engine, DCGM and
+    sidecar name prefix, each kind under its own matchers (one selector when they agree)."""
+    if isinstance(sel, str):
+        sel = Selectors(sel, sel, sel)
+    engine = {p for t in TABLES for p in t.prefixes if p != DCGM_PREFIX} | {alt for alt, _ in FOLD}
+
+    def one(prefixes, matchers):
+        return "{" + ",".join([f'__name__=~"{_name_regex(prefixes)}"'] + ([matchers] if matchers else [])) + "}"
+
+    if sel.engine == sel.gpu == sel.sidecar:
+        return [one(engine | {DCGM_PREFIX, "kvdoctor_"}, sel.engine)]
+    return [one(engine, sel.engine), one({DCGM_PREFIX}, sel.gpu), one({"kvdoctor_"}, sel.sidecar)]
 
 
 @dataclass(frozen=True)
@@ -102,11 +141,14 @@ class Planned:
     entries: tuple[tuple[int, Wire], ...] = ()
 
 
-def plan(names: list[str], matchers: str) -> list[Planned]:
+def plan(names: list[str], sel: Selectors | str) -> list[Planned]:
     """One query per stored metric name that some engine table maps (``_sum``/``_count`` are
     not fetched: the ``+Inf`` bucket is the count)."""
+    if isinstance(sel, str):
+        sel = Selectors(sel, sel, sel)
     out: list[Planned] = []
     for name in sorted(set(names)):
+        matchers = sel.for_name(name)
         if name in SIDECAR:
             out.append(Planned(name, series_selector(name, matchers), None, False))
             continue

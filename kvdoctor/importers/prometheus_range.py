@@ -19,6 +19,7 @@ SUMMARY = "a Prometheus server's engine, DCGM and kvdoctor metrics over a time r
 OPTIONS = {
     "prometheus": "Prometheus base URL (else the first SRC)",
     "selector": "label matchers for every query, e.g. {job=\"vllm\"}",
+    "gpu_selector": "matchers for DCGM series instead of selector", "sidecar_selector": "matchers for kvdoctor sidecars' series",
     "since": "range start as a duration before now (default 1h), epoch or ISO time",
     "start": "range start (epoch or ISO)", "end": "range end (default now)",
     "step": "query resolution (default 1m)", "group_by": "labels naming an instance (default instance)",
@@ -41,7 +42,8 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
                               options.get("end"), options.get("step", "1m"), options.get("group_by", "instance"),
                               options.get("bearer_token"), options.get("basic_auth"), options.get("ca_file"),
                               str(options.get("insecure", "")).lower() in ("1", "true", "yes"),
-                              options.get("timeout", "60s"))
+                              options.get("timeout", "60s"), gpu_selector=options.get("gpu_selector"),
+                              sidecar_selector=options.get("sidecar_selector"))
     notes = list(data.warnings) + [f"{len(data.samples)} instance(s): {', '.join(sorted(data.samples))}; "
                                    f"{data.queries} queries, {data.bytes} bytes"]
     return Imported(meta=meta_for(data), records=records(data), notes=notes)

@@ -561,7 +561,8 @@ def memory_chart(diag: Diagnosis, prep: Prepared) -> Chart:
         rows.append("kv")
     else:
         notes.append("no KV-cache usage from the engine in this capture")
-    gt, used, total = cap_.gpu.num("time_s"), cap_.gpu.num("mem_used_bytes"), cap_.gpu.num("mem_total_bytes")
+    gpu = prep.gpu  # NVML samples, else DCGM figures from the engine scrape
+    gt, used, total = gpu.num("time_s"), gpu.num("mem_used_bytes"), gpu.num("mem_total_bytes")
     if len(gt) and np.isfinite(used).any():
         rows.append("gpu")
     else:
@@ -607,7 +608,7 @@ def memory_chart(diag: Diagnosis, prep: Prepared) -> Chart:
                                                      "line": {"width": 0.5, "color": "#fff"}},
                                              customdata=n, hovertemplate="%{customdata:.0f} preempted"), row=r, col=1)
         elif kind == "gpu":
-            gi = cap_.gpu.num("gpu_index")
+            gi = gpu.num("gpu_index")
             gpus = sorted({int(g) for g in gi[np.isfinite(gi)]}) or [None]
             for k, g in enumerate(gpus):
                 sel = np.isfinite(gi) & (gi == g) if g is not None else np.ones(len(gt), bool)
@@ -670,7 +671,7 @@ def bandwidth_chart(diag: Diagnosis, prep: Prepared) -> Chart:
     """Memory-bandwidth utilisation against TPOT, one point per time bucket (mean utilisation
     over the GPUs' samples, TPOT P50 and P90 of the requests that arrived in it)."""
     title = "Memory bandwidth vs TPOT"
-    g = prep.cap.gpu
+    g = prep.gpu
     if not len(g):
         return Chart("bandwidth", title, None, notes=["no GPU samples in this capture"])
     bw, src = g.num("dram_bw_util_frac"), "DRAM bandwidth utilisation (GPM)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import percentile, ratio, signal
+from .registry import fit, percentile, ratio, signal, split_medians
 
 MIN_REQUESTS = 5
 
@@ -128,13 +128,21 @@ def tpot_ctx_corr(w):
 def tpot_conc_corr(w):
     """Rank correlation of TPOT with the mean requests in flight while it decoded: decode
     steps share memory bandwidth among the sequences in the batch."""
-    return w.fit("decode_concurrency", "tpot_s")[1]
+    v = w.fit("decode_concurrency", "tpot_s")[1]
+    if np.isnan(v) and w.n_requests == 0:
+        run, tpot = w.engine_tpot_steps()
+        v = fit(run, tpot, min_n=8)[1]
+    return v
 
 
 @signal("tpot_high_over_low_concurrency", "ratio")
 def tpot_conc_ratio(w):
     """Median TPOT at high decode concurrency (top quarter) over that at low (bottom quarter)."""
-    return _split_by(w, "decode_concurrency", "tpot_s")
+    v = _split_by(w, "decode_concurrency", "tpot_s")
+    if np.isnan(v) and w.n_requests == 0:
+        run, tpot = w.engine_tpot_steps()
+        v = ratio(*split_medians(run, tpot, min_n=8))
+    return v
 
 
 @signal("ttft_high_over_low_concurrency", "ratio")

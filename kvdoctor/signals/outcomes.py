@@ -38,16 +38,32 @@ def hit_gap(w):
     return w.value("prefix_hit_rate_achievable") - w.value("prefix_hit_rate_achieved")
 
 
+def _engine_failures(w) -> tuple[float, float]:
+    """(failed, finished) requests from the engine's counters over the window, for captures
+    without request records (fleet mode, a scrape alone); NaN where the engine has no such counter."""
+    failed = counter_increase(*w.engine("request_failure_total"))
+    total = counter_increase(*w.engine("requests_total"))
+    if not np.isfinite(total):
+        total = counter_increase(*w.engine("request_success_total")) + failed
+    return failed, total
+
+
 @signal("error_rate", "fraction")
 def error_rate(w):
-    """Share of requests that failed (any non-ok status)."""
+    """Share of requests that failed (error or rejected; a client cancelling is not a failure);
+    from the engine's failure counter when there are no request records."""
     n = w.n_requests
+    if n == 0:
+        failed, total = _engine_failures(w)
+        return ratio(failed, total) if total >= 5 else np.nan
     return ratio(float(w.prep.is_error[w.req].sum()), n) if n >= 5 else np.nan
 
 
 @signal("errors", "count")
 def errors(w):
-    """Failed requests in the window."""
+    """Failed requests in the window (the engine's failure counter when there are no request records)."""
+    if w.n_requests == 0:
+        return _engine_failures(w)[0]
     return float(w.prep.is_error[w.req].sum())
 
 

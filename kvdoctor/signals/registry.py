@@ -78,6 +78,20 @@ def fit(x: np.ndarray, y: np.ndarray, min_n: int = 8) -> tuple[float, float, int
     return slope, corr, n
 
 
+def split_medians(k: np.ndarray, v: np.ndarray, lo_q: float = 25, hi_q: float = 75,
+                  min_n: int = 8) -> tuple[float, float]:
+    """(median of v where k is at or above its hi_q percentile, median where k is at or below
+    its lo_q percentile), over finite pairs; NaNs with fewer than min_n pairs or flat k."""
+    m = np.isfinite(k) & np.isfinite(v)
+    if m.sum() < min_n:
+        return float("nan"), float("nan")
+    k, v = k[m], v[m]
+    lo, hi = np.percentile(k, lo_q), np.percentile(k, hi_q)
+    if hi <= lo:
+        return float("nan"), float("nan")
+    return float(np.median(v[k >= hi])), float(np.median(v[k <= lo]))
+
+
 def ranks(a: np.ndarray) -> np.ndarray:
     """Average ranks (ties share the mean of their positions), as Spearman needs: one sort,
     tie groups read off the sorted values."""

@@ -12,10 +12,18 @@ from typing import Any
 import numpy as np
 
 from ..capture.reader import Capture
-from .registry import REGISTRY, fit
+from .registry import REGISTRY, fit, split_medians
 
 #: error texts that mean "no room in the KV cache / context", across engines
 _CONTEXT_ERROR = re.compile(r"context|kv cache|too long|exceed|max_model_len|max_tokens|out of memory|oom", re.I)
+
+#: GPU sample fields an exporter scraped beside the engine (DCGM, through a scrape or Prometheus)
+#: stands in for when the capture has no NVML samples: GpuSample field -> neutral engine name.
+#: DCGM gives one series per GPU; the engine mapping has already summed memory and averaged
+#: utilisation over an instance's GPUs, so these rows are per instance, not per GPU.
+GPU_FROM_ENGINE = {"mem_used_bytes": "gpu_mem_used_bytes", "mem_total_bytes": "gpu_mem_total_bytes",
+                   "sm_util_frac": "gpu_util_frac", "mem_util_frac": "gpu_mem_copy_util_frac",
+                   "dram_bw_util_frac": "gpu_dram_active_frac", "power_w": "gpu_power_w"}
 
 REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s",
                    "itl_p50_s", "itl_p99_s", "itl_max_s", "prompt_tokens", "output_tokens",
@@ -47,7 +55,8 @@ class Prepared:
             self.col = {name: req.num(name)[order] for name in REQUEST_COLUMNS}
         status_codes, status_labels = req.codes("status")
         status = np.array(status_labels + [""], dtype=object)[status_codes[order]]
-        self.is_error = status != "ok"
+        # a request the client gave up on is not a server failure (its latency still counts)
+        self.is_error = (status != "ok") & (status != "cancelled")
         self.is_rejected = status == "rejected"
         err_codes, err_labels = req.codes("error")
         ctx_err = np.array([bool(_CONTEXT_ERROR.search(s or "")) for s in err_labels] + [False])
@@ -61,7 +70,8 @@ class Prepared:
         self._order = order
         self._session: np.ndarray | None = None
         self.itl = self._itl_lists(req, order)
-        self.gpu_t = cap.gpu.num("time_s")
+        self.gpu = cap.gpu if len(cap.gpu) else gpu_from_engine(cap)
+        self.gpu_t = self.gpu.num("time_s")
         self.host_t = cap.host.num("time_s")
         self.engine_t = cap.engine.time_s
         self.events = sorted(cap.events, key=lambda e: e.get("time_s", 0.0))
@@ -184,6 +194,27 @@ class Prepared:
         return Window(self, t0, t1)
 
 
+def gpu_from_engine(cap: Capture):
+    """GPU rows (one per engine sample) from exporter metrics in the engine samples, for
+    captures without NVML: the same GPU signals and charts then work on DCGM data."""
+    import pyarrow as pa
+
+    from ..capture.reader import Columns
+
+    eng = cap.engine
+    cols = {f: eng.get(n) for f, n in GPU_FROM_ENGINE.items()}
+    free = eng.get("gpu_mem_free_bytes")
+    if cols["mem_total_bytes"] is None and cols["mem_used_bytes"] is not None and free is not None:
+        cols["mem_total_bytes"] = cols["mem_used_bytes"] + free
+    cols = {k: v for k, v in cols.items() if v is not None and np.isfinite(v).any()}
+    if not cols:
+        return cap.gpu
+    keep = np.logical_or.reduce([np.isfinite(v) for v in cols.values()])
+    table = {"time_s": eng.time_s[keep], "gpu_index": np.zeros(int(keep.sum()))}
+    table.update({k: v[keep] for k, v in cols.items()})
+    return Columns(pa.table(table))
+
+
 def _range(t: np.ndarray, t0: float, t1: float) -> slice:
     return slice(int(np.searchsorted(t, t0, side="left")), int(np.searchsorted(t, t1, side="right")))
 
@@ -215,7 +246,7 @@ class Window:
         return self.prep.column(name)[self.req]
 
     def gpu_col(self, name: str) -> np.ndarray:
-        arr = self.prep.cap.gpu.num(name)
+        arr = self.prep.gpu.num(name)
         return arr[self.gpu] if self.gpu is not None else arr[(self.prep.gpu_t >= self.t0) & (self.prep.gpu_t <= self.t1)]
 
     def host_col(self, name: str) -> np.ndarray:
@@ -245,6 +276,44 @@ class Window:
         from ..engines.rates import histogram_quantile
 
         return histogram_quantile(q, None, d)
+
+    def engine_tpot_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(requests running, TPOT) per interval between consecutive engine samples in the
+        window, for captures without request records (Prometheus, a scrape alone): TPOT from
+        the decode-seconds / generated-tokens counters (llama.cpp), else the interval's median
+        of the TPOT histogram. The engine-side stand-in for per-request decode concurrency."""
+        key = "tpot_steps"
+        if key not in self._cache:
+            self._cache[key] = self._tpot_steps()
+        return self._cache[key]
+
+    def _tpot_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        from ..engines.rates import histogram_delta, histogram_quantile
+
+        _, running = self.engine("requests_running")
+        _, secs = self.engine("decode_seconds_total")
+        _, toks = self.engine("generation_tokens_total")
+        empty = (np.array([]), np.array([]))
+        if len(running) < 3:
+            return empty
+        if np.isfinite(secs).sum() >= 3 and np.isfinite(toks).sum() >= 3:
+            d_s, d_t = np.diff(secs), np.diff(toks)
+            with np.errstate(all="ignore"):
+                tpot = np.where((d_t >= 1) & (d_s >= 0), d_s / d_t, np.nan)
+        else:
+            rows = self.prep.cap.engine.histograms.get("tpot_seconds")
+            if not rows:
+                return empty
+            snap = dict(rows)  # time -> histogram snapshot
+            t, _ = self.engine("requests_running")
+            tpot = np.full(len(t) - 1, np.nan)
+            for i in range(len(t) - 1):
+                a, b = snap.get(t[i]), snap.get(t[i + 1])
+                d = histogram_delta(a, b) if a is not None and b is not None else None
+                if d and d.get("count"):
+                    tpot[i] = d["sum"] / d["count"] if d.get("sum") else histogram_quantile(0.5, None, d)
+        # running at the end of each interval: the batch that decoded through it
+        return running[1:], tpot
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         evs = self.prep.events[self.ev]
@@ -278,15 +347,7 @@ class Window:
                    min_n: int = 8) -> tuple[float, float]:
         """Median of ``value`` where ``key`` is at or above its ``hi_q`` percentile, and where
         it is at or below its ``lo_q`` percentile (e.g. TTFT of long vs short prompts)."""
-        k, v = self.r(key), self.r(value)
-        m = np.isfinite(k) & np.isfinite(v)
-        if m.sum() < min_n:
-            return float("nan"), float("nan")
-        k, v = k[m], v[m]
-        lo, hi = np.percentile(k, lo_q), np.percentile(k, hi_q)
-        if hi <= lo:
-            return float("nan"), float("nan")
-        return float(np.median(v[k >= hi])), float(np.median(v[k <= lo]))
+        return split_medians(self.r(key), self.r(value), lo_q, hi_q, min_n)
 
     def fit(self, x: str, y: str) -> tuple[float, float, int]:
         """fit() of two request columns, memoised (slope and correlation signals share it)."""

@@ -312,8 +312,8 @@ class LlamaServer:
                  port: int | None = None, *, model: str | Path | None = None,
                  binary: str | Path | None = None, startup_timeout_s: float = 120.0,
                  slots: bool = True) -> None:
-        if host != "127.0.0.1":
-            raise ValueError("LlamaServer only listens on 127.0.0.1")
+        if not host.startswith("127."):  # any loopback address: tests give each "host" its own
+            raise ValueError("LlamaServer only listens on a loopback address (127.0.0.0/8)")
         bad = _FORBIDDEN_EXTRA.intersection(str(a).split("=")[0] for a in extra_args)
         if bad:
             raise ValueError(f"extra_args must not set {sorted(bad)}; use the constructor arguments")
