@@ -177,6 +177,37 @@ def test_bandwidth_bound_decode_from_aggregated_metrics_and_dcgm():
     assert causes["a:1"].evidence["tpot_concurrency_corr"] > 0.8
 
 
+def _prefix_fleet(hit_share: dict[str, float], n: int = 30) -> FleetData:
+    d = FleetData(0.0, (n - 1) * 10.0, 10.0, "test")
+    for name, share in hit_share.items():
+        d.samples[name] = [EngineSample(time_s=i * 10.0, engine="vllm", server=name,
+                                        values={"requests_running": 3.0, "requests_waiting": 0.0,
+                                                "prefix_cache_queries_total": 5000.0 * i,
+                                                "prefix_cache_hits_total": 5000.0 * i * share,
+                                                "generation_tokens_total": 800.0 * i})
+                           for i in range(n)]
+        d.engines[name] = "vllm"
+    return d
+
+
+def test_replica_far_from_its_peers_is_an_outlier_finding():
+    """No rule fires on a 3% prefix-cache hit rate alone (what is achievable needs request
+    records), but against three peers at ~60% it is one replica's problem: named, with the
+    peers' median as evidence."""
+    rules, opts = load_rules(), Options(lookback_s=120, step_s=30)
+    fd = diagnose_fleet(_prefix_fleet({"a:1": 0.61, "b:1": 0.58, "c:1": 0.03, "d:1": 0.63}), rules, opts)
+    f = [f for f in fd.findings if f["kind"] == "outlier"]
+    assert [(x["rule"], x["instances"]) for x in f] == [("outlier:prefix_hit_rate_achieved", ["c:1"])]
+    assert f[0]["evidence"]["c:1"]["prefix_hit_rate_achieved"] == pytest.approx(0.03, abs=1e-3)
+    assert f[0]["evidence"]["c:1"]["peers_median"] == pytest.approx(0.61, abs=1e-3)
+    assert "prefix caching off" in f[0]["summary"]
+    # peers that differ a little, or a fleet with no baseline (two replicas), give nothing
+    assert not [f for f in diagnose_fleet(_prefix_fleet({"a:1": 0.61, "b:1": 0.50, "c:1": 0.42}), rules, opts).findings
+                if f["kind"] == "outlier"]
+    assert not [f for f in diagnose_fleet(_prefix_fleet({"a:1": 0.61, "b:1": 0.03}), rules, opts).findings
+                if f["kind"] == "outlier"]
+
+
 def test_unreachable_prometheus_is_a_warning_not_a_crash():
     d = fetch(PromClient("http://127.0.0.1:9", timeout_s=2), 0, 60, 15)
     assert not d.samples and any("cannot reach" in w for w in d.warnings)

@@ -28,9 +28,12 @@ from ..engines.neutral import NEUTRAL, derive
 from ..engines.rates import counter_increase
 from ..model import CaptureMeta, EngineSample, Event, SourceStatus
 from .client import PromClient, PromError
+from .outliers import OUTLIERS, outlier_findings
 from .query import Planned, Selectors, discovery_selectors, plan
 
-LOAD_SIGNALS = ("generation_tokens_total", "prompt_tokens_total", "request_success_total", "requests_total")
+#: counters that say how much work a replica took, first present wins, with the unit of their rate
+LOAD_SIGNALS = {"generation_tokens_total": "generated tokens/s", "prompt_tokens_total": "prompt tokens/s",
+                "request_success_total": "requests/s", "requests_total": "requests/s"}
 IMBALANCE_RATIO = 1.5
 
 
@@ -84,7 +87,7 @@ def fetch(client: PromClient, start: float, end: float, step_s: float, selector:
         return data
     planned = plan(names, sel)
     if not planned:
-        data.warnings.append(f"no metrics of a known engine under selector {selector or '{}'} in the range")
+        data.warnings.append(f"no metrics of a known engine under selector {sel} in the range")
 
     def run(p: Planned):
         try:
@@ -309,6 +312,7 @@ class FleetDiagnosis:
     per_instance: dict[str, Any]  # name -> kvdoctor.diagnosis.Diagnosis
     findings: list[dict[str, Any]]
     load: dict[str, float]
+    load_unit: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         d = self.data
@@ -318,7 +322,7 @@ class FleetDiagnosis:
                       "instances": sorted(d.samples), "queries": d.queries, "bytes": d.bytes,
                       "fetch_s": round(d.fetch_s, 3), "warnings": d.warnings,
                       "joined": {k: sorted(d.joined.get(k, ())) for k in sorted(d.samples)},
-                      "load_per_s": {k: _num(v) for k, v in self.load.items()}},
+                      "load_per_s": {k: _num(v) for k, v in self.load.items()}, "load_unit": self.load_unit},
             "findings": self.findings,
             "instances": {k: v.to_json() for k, v in self.per_instance.items()},
         }
@@ -336,8 +340,14 @@ def diagnose_fleet(data: FleetData, rules: list, options) -> FleetDiagnosis:
     for name in sorted(data.samples):
         per[name] = diagnose(capture_for(data, name), rules, options)
     span = data.end_s - data.start_s
-    load = {name: load_rate(data.samples[name], span)[1] for name in per}
-    return FleetDiagnosis(data, per, fleet_findings(per, load), load)
+    rates = {name: load_rate(data.samples[name], span) for name in per}
+    load = {name: r for name, (_, r) in rates.items()}
+    unit = {name: LOAD_SIGNALS[sig] for name, (sig, _) in rates.items() if sig}
+    whole = {name: d.prepared.window(data.start_s, data.end_s) for name, d in per.items()}
+    values = {name: {o.signal: w.value(o.signal) for o in OUTLIERS} for name, w in whole.items()}
+    findings = fleet_findings(per, load)
+    named = {n for f in findings for n in f["instances"]}
+    return FleetDiagnosis(data, per, findings + outlier_findings(values, skip=named), load, unit)
 
 
 def fleet_findings(per: dict[str, Any], load: dict[str, float]) -> list[dict[str, Any]]:
@@ -411,7 +421,7 @@ def render_text(fd: FleetDiagnosis) -> str:
         extra = f"; sidecar reported: {', '.join(side)}" if side else ""
         lr = fd.load.get(name, math.nan)
         what = " + ".join([str(d.engines.get(name))] + sorted(d.joined.get(name, ())))
-        load = f" (load {lr:.1f}/s)" if math.isfinite(lr) else ""
+        load = f" (load {lr:,.1f} {fd.load_unit.get(name, '/s')})" if math.isfinite(lr) else ""
         lines.append(f"  {name} ({what}): {', '.join(rules) if rules else 'healthy'}{load}{extra}")
     return "\n".join(lines) + "\n"
 

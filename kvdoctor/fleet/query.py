@@ -102,6 +102,14 @@ class Selectors:
         return cls(e, selector_matchers(gpu_selector) if gpu_selector is not None else e,
                    selector_matchers(sidecar_selector) if sidecar_selector is not None else e)
 
+    def __str__(self) -> str:
+        parts = [f"{{{self.engine}}}"]
+        if self.gpu != self.engine:
+            parts.append(f"GPU {{{self.gpu}}}")
+        if self.sidecar != self.engine:
+            parts.append(f"sidecars {{{self.sidecar}}}")
+        return ", ".join(parts)
+
     def for_name(self, name: str) -> str:
         if name.startswith("kvdoctor_"):
             return self.sidecar

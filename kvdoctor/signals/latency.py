@@ -55,7 +55,17 @@ def requests(w):
 
 @signal("request_rate_per_s", "1/s")
 def request_rate(w):
-    """Arrival rate over the window."""
+    """Arrival rate over the window (the engine's request counters when there are no request
+    records: received, else finished)."""
+    if w.n_requests == 0:
+        from .memory import counter_increase
+
+        for name in ("requests_total", "request_success_total"):
+            t, v = w.engine(name)
+            inc = counter_increase(t, v)
+            if np.isfinite(inc) and len(t) > 1 and t[-1] > t[0]:
+                return inc / (t[-1] - t[0])
+        return np.nan
     return ratio(w.n_requests, w.duration_s)
 
 
