@@ -441,6 +441,28 @@ def test_tls_and_basic_auth_against_real_prometheus(tmp_path):
 
 
 @pytest.mark.server
+def test_a_failed_query_is_named_and_the_rest_goes_on(run_cli):
+    """A real Prometheus with a low --query.max-samples refuses the big histogram-bucket query
+    (6 instances x 9 buckets x 121 steps) but answers the gauges: the warning names the query and
+    Prometheus' reason, and the diagnosis still names the sick replica from what came back."""
+    from kvdoctor.testing.fleetdata import PrometheusOnBlocks, instance_name
+
+    if _prometheus_binary() is None:
+        pytest.skip("/usr/bin/prometheus absent (scripts/install-services installs it)")
+    with PrometheusOnBlocks(6, 2, {2}, dcgm=True, extra_args=("--query.max-samples=3000",)) as prom:
+        r = run_cli("diagnose", "--prometheus", prom.url, "--start", str(prom.start_s), "--end", str(prom.end_s),
+                    "--step", "1m", "--selector", '{job="vllm"}', "--gpu-selector", '{job="dcgm"}', "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    failed = [w for w in out["fleet"]["warnings"] if "time_to_first_token_seconds_bucket" in w]
+    assert len(failed) == 1 and "too many samples" in failed[0] and failed[0] in r.stderr
+    assert len(out["fleet"]["warnings"]) == 1  # the gauges, counters and DCGM series all came back
+    q = [f for f in out["findings"] if f["rule"] == "queueing-saturation"]
+    assert q and q[0]["instances"] == [instance_name(2)]
+    assert len(out["fleet"]["instances"]) == 6 and all(j == ["dcgm"] for j in out["fleet"]["joined"].values())
+
+
+@pytest.mark.server
 def test_bearer_token_against_a_gated_prometheus(tmp_path, run_cli):
     """Hosted Prometheus-compatible APIs (Mimir or Thanos gateways, Grafana Cloud, a reverse proxy)
     take a bearer token. Here a real nginx in front of a real Prometheus refuses any request

@@ -115,3 +115,20 @@ def test_bad_rule_folder_is_exit_3_one_line(run_cli, tmp_path):
     assert r.returncode == 3
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "rule prefill-bound: for:" in r.stderr
+
+
+def test_signal_percentile_matches_numpy():
+    """The one-partition percentile signals use gives numpy's linear method, NaNs ignored."""
+    import numpy as np
+
+    from kvdoctor.signals.registry import percentile
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 10, 101, 4000):
+        a = rng.lognormal(size=n)
+        a[::5] = np.nan
+        v = a[~np.isnan(a)]
+        for q in (0, 1, 25, 50, 90, 99, 99.9, 100):
+            if len(v):
+                assert percentile(a, q) == pytest.approx(float(np.percentile(v, q)), rel=1e-12, abs=0)
+    assert math.isnan(percentile(np.array([np.nan, 1.0]), 50, min_n=2))

@@ -106,7 +106,9 @@ def fetch(client: PromClient, start: float, end: float, step_s: float, selector:
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for p, result, err in pool.map(run, planned):
             if err is not None:
-                data.warnings.append(f"warning: {err}; continuing without {p.name}")
+                hint = (" (use a coarser --step or a shorter range, or raise Prometheus' --query.max-samples)"
+                        if "too many samples" in str(err) else "")
+                data.warnings.append(f"warning: {err}; continuing without {p.name}{hint}")
                 continue
             for series in result:
                 labels = series.get("metric") or {}

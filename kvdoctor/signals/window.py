@@ -78,6 +78,16 @@ class Prepared:
         self.event_t = np.array([e.get("time_s", np.nan) for e in self.events], dtype=float)
         self.config = self._config()
 
+    def hist_times(self, name: str) -> np.ndarray | None:
+        """Times of an engine histogram's snapshots when sorted (as the capture reader gives
+        them), else None."""
+        cache = self.__dict__.setdefault("_hist_times", {})
+        if name not in cache:
+            t = np.array([t for t, _ in self.cap.engine.histograms.get(name, ())], dtype=float)
+            cache[name] = t if len(t) < 2 or bool(np.all(t[1:] >= t[:-1])) else None
+        return cache[name]
+        return cache[name]
+
     # -- per-capture derived columns ----------------------------------------------------
     def _concurrency_at_arrival(self) -> np.ndarray:
         """Requests in flight when each request arrived (itself included)."""
@@ -269,6 +279,13 @@ class Window:
         if key not in self._cache:
             from ..engines.rates import window_histograms
 
+            # rows are in time order: hand over only the last snapshot at or before t0 and
+            # those inside the window (each window would otherwise scan the whole capture)
+            times = self.prep.hist_times(name)
+            if times is not None:
+                i1 = int(np.searchsorted(times, self.t1, side="right"))
+                i0 = max(int(np.searchsorted(times, self.t0, side="right")) - 1, 0)
+                rows = rows[i0:i1]
             self._cache[key] = window_histograms({name: rows}, self.t0, self.t1).get(name)
         d = self._cache[key]
         if not d or not d.get("count"):
