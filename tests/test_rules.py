@@ -132,3 +132,26 @@ def test_signal_percentile_matches_numpy():
             if len(v):
                 assert percentile(a, q) == pytest.approx(float(np.percentile(v, q)), rel=1e-12, abs=0)
     assert math.isnan(percentile(np.array([np.nan, 1.0]), 50, min_n=2))
+
+
+def test_fix_unless_leaves_out_a_fix_the_evidence_rules_out(tmp_path, run_cli):
+    """kv-growth-per-turn's first fix (prefix caching) is left out where the capture shows the
+    history already served from the cache (real llama.cpp multi-turn run, 87% of prompt tokens
+    cached), and kept where that is unknown (simulated case without cache figures)."""
+    rule = next(r for r in load_rules() if r.id == "kv-growth-per-turn")
+    first = rule.fixes[0]
+    assert first.unless is not None and "prefix_hit_rate_achieved" in rule.signals()
+    assert rule.fixes_for(lambda s: 0.87)[0] is rule.fixes[1]
+    assert rule.fixes_for(lambda s: 0.2)[0] is first
+    assert rule.fixes_for(lambda s: math.nan)[0] is first  # unknown keeps the fix
+    real = run_cli("summary", "samples/multi-turn")
+    sim = run_cli("summary", "tests/rulecases/multi-turn")
+    assert "First fix: Bound the history" in real.stdout, real.stdout
+    assert "First fix: Keep the history's KV between turns" in sim.stdout, sim.stdout
+    bad = tmp_path / "r"
+    bad.mkdir()
+    text = (builtin_rules_dir() / "kv-growth-per-turn.yaml").read_text().replace(
+        'unless: "prefix_hit_rate_achieved >= 0.5"', 'unless: "prefix_hit_rate_achieved >= lots"')
+    (bad / "kv-growth-per-turn.yaml").write_text(text)
+    with pytest.raises(RuleError, match=r"fixes\[0\]\.unless"):
+        load_rules([bad])

@@ -49,7 +49,7 @@ class OtelExport:
     def incident(self, what: str, inc: Any) -> None:
         attrs = {"kvdoctor.incident.id": inc.id, "kvdoctor.symptom": inc.symptom, "kvdoctor.severity": inc.severity,
                  "kvdoctor.rule": inc.top.rule.id, "kvdoctor.cause": inc.top.cause,
-                 "kvdoctor.confidence": inc.top.confidence, "kvdoctor.fix": inc.top.rule.fixes[0].title}
+                 "kvdoctor.confidence": inc.top.confidence, "kvdoctor.fix": inc.top.fixes[0].title}
         start_ns = int(inc.opened_s * 1e9)
         if what == "opened":
             span = self.tracer.start_span("kvdoctor.incident.opened", start_time=start_ns, attributes=attrs)

@@ -93,7 +93,7 @@ class Diagnosis:
                     "cause": c.cause,
                     "confidence": round(c.confidence, 3),
                     "evidence": {name: {"value": _num(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},
-                    "fixes": [{"title": f.title, "why": f.why, "knobs": f.knobs} for f in c.rule.fixes],
+                    "fixes": [{"title": f.title, "why": f.why, "knobs": f.knobs} for f in c.fixes],
                     "references": list(c.rule.references),
                 }
                 for c in inc.causes

@@ -46,6 +46,12 @@ class CauseFinding:
     confidence: float
     cause: str
     evidence: dict[str, float]
+    #: the rule's fixes that apply to this incident, in order (Rule.fixes_for)
+    fixes: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.fixes:
+            self.fixes = self.rule.fixes
 
 
 @dataclass
@@ -158,7 +164,8 @@ def _incident(prep: Prepared, symptom: str, cluster: list[Activation], opt: Opti
     for a in cluster:
         if a.rule.id not in best or a.confidence > best[a.rule.id].confidence:
             best[a.rule.id] = a
-    causes = [CauseFinding(a.rule, a.confidence, a.cause, {name: w.value(name) for name in a.rule.evidence})
+    causes = [CauseFinding(a.rule, a.confidence, a.cause, {name: w.value(name) for name in a.rule.evidence},
+                           a.rule.fixes_for(w.value, opt.slo))
               for a in best.values()]
     causes.sort(key=lambda c: (-c.confidence, -SEVERITY_RANK[c.rule.severity], c.rule.id))
     top = causes[0].rule

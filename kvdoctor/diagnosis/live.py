@@ -21,6 +21,11 @@ class LiveCause:
     confidence: float
     cause: str
     evidence: dict[str, float]
+    fixes: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.fixes:
+            self.fixes = self.rule.fixes
 
 
 @dataclass
@@ -52,7 +57,7 @@ class LiveIncident:
             "impact": self.impact,
             "causes": [{"rule": c.rule.id, "cause": c.cause, "confidence": c.confidence,
                         "evidence": {k: (None if v != v else v) for k, v in c.evidence.items()},
-                        "fixes": [{"title": f.title, "knobs": f.knobs} for f in c.rule.fixes]} for c in self.causes],
+                        "fixes": [{"title": f.title, "knobs": f.knobs} for f in c.fixes]} for c in self.causes],
         }
 
 
@@ -92,7 +97,8 @@ class LiveDiagnoser:
                 inc.closed_s = now_s
                 closed.append(inc)
         for symptom in sorted(symptoms):
-            causes = [LiveCause(by_id[rid], active[rid][0], active[rid][1], {n: w.value(n) for n in by_id[rid].evidence})
+            causes = [LiveCause(by_id[rid], active[rid][0], active[rid][1], {n: w.value(n) for n in by_id[rid].evidence},
+                                by_id[rid].fixes_for(w.value, self.options.slo))
                       for rid in firing if by_id[rid].symptom == symptom]
             causes.sort(key=lambda c: (-c.confidence, -SEVERITY_RANK[c.rule.severity], c.rule.id))
             inc = next((i for i in self.open_incidents if i.symptom == symptom), None)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 import yaml
@@ -33,6 +33,9 @@ class Fix:
     title: str
     why: str
     knobs: dict[str, str]
+    #: leave this fix out where the condition holds on the incident's window (e.g. "turn prefix
+    #: caching on" where the evidence shows it on); unknown values keep the fix
+    unless: C.Cond | None = None
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,17 @@ class Rule:
 
     def signals(self) -> set[str]:
         out = set(self.when.signals()) | set(self.evidence)
-        for c in self.causes:
-            if c.when is not None:
-                out |= c.when.signals()
+        for c in [*self.causes, *self.fixes]:
+            cond = c.when if isinstance(c, Cause) else c.unless
+            if cond is not None:
+                out |= cond.signals()
         return out
+
+    def fixes_for(self, value: Callable[[str], float], slo: dict[str, float] | None = None) -> tuple[Fix, ...]:
+        """The fixes that apply given these signal values, in order: those whose ``unless``
+        holds are left out (all of them kept when every one would be)."""
+        keep = tuple(f for f in self.fixes if f.unless is None or not C.evaluate(f.unless, value, slo or {}, self.params))
+        return keep or self.fixes
 
 
 @lru_cache(maxsize=1)
@@ -134,7 +144,9 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
         causes=tuple(Cause(c["title"], float(c["confidence"]), cond(c["when"], f"causes[{i}].when") if "when" in c else None)
                      for i, c in enumerate(raw["causes"])),
         evidence=tuple(raw["evidence"]),
-        fixes=tuple(Fix(f["title"], f.get("why", ""), dict(f["knobs"])) for f in raw["fixes"]),
+        fixes=tuple(Fix(f["title"], f.get("why", ""), dict(f["knobs"]),
+                        cond(f["unless"], f"fixes[{i}].unless") if "unless" in f else None)
+                    for i, f in enumerate(raw["fixes"])),
         references=tuple(raw.get("references", [])),
         tests_fire=tuple(raw["tests"]["fire"]), tests_no_fire=tuple(raw["tests"]["no_fire"]),
         suppressed_by=tuple(raw.get("suppressed_by", [])), params=params, path=path,

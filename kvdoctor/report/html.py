@@ -252,7 +252,7 @@ class _Page:
 
     def summary_item(self, n: int, inc: Incident) -> str:
         d, top = self.diag, inc.causes[0]
-        fix = top.rule.fixes[0] if top.rule.fixes else None
+        fix = top.fixes[0] if top.fixes else None
         chips = "".join(f'<span class="chip" title="{esc(doc)}">{esc(name)} <b>{esc(val)}</b></span>'
                         for name, val, doc in _evidence(top.evidence, 4, skip_unknown=True))
         fix_html = ""
@@ -281,12 +281,12 @@ class _Page:
             f"<td>{esc(c.cause)}</td></tr>" for i, c in enumerate(inc.causes, 1))
         text = [f'<h3>Causes, most likely first</h3><table><tr><th>#</th><th>rule</th><th>confidence</th><th>cause</th></tr>{causes}</table>',
                 f"<h3>Evidence</h3>{self.evidence_table(top.evidence)}",
-                f"<h3>Fixes, in order</h3>{self.fixes(top.rule)}"]
+                f"<h3>Fixes, in order</h3>{self.fixes(top.fixes)}"]
         if top.rule.description:
             text.append(f'<details><summary>About this rule</summary><p>{esc(top.rule.description)}</p></details>')
         for c in inc.causes[1:]:
             text.append(f'<details><summary>Also considered: {esc(c.rule.title)} ({c.confidence:.0%})</summary>'
-                        f'<p class="line">{esc(c.cause)}</p>{self.evidence_table(c.evidence)}{self.fixes(c.rule)}</details>')
+                        f'<p class="line">{esc(c.cause)}</p>{self.evidence_table(c.evidence)}{self.fixes(c.fixes)}</details>')
         refs = [r for r in top.rule.references if str(r).startswith(("https://", "http://"))]
         if refs:
             text.append('<p class="note">References: ' + " · ".join(
@@ -313,9 +313,9 @@ class _Page:
         return f'<table class="evidence"><tr><th>signal</th><th>value</th></tr>{rows}</table>'
 
 
-    def fixes(self, rule) -> str:
+    def fixes(self, fixes) -> str:
         items = []
-        for f in rule.fixes:
+        for f in fixes:
             knobs = "".join(f'<li class="{"mine" if mine else ""}"><span class="eng">{esc(eng)}</span><code>{esc(k)}</code></li>'
                             for eng, k, mine in _knobs(f.knobs, self.engine))
             items.append(f"<li><b>{esc(f.title)}</b>" + (f'<p class="why">{esc(f.why)}</p>' if f.why else "")

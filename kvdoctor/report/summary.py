@@ -111,9 +111,9 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
             f"Impact: {_impact(inc)}",
             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
             "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:max_evidence]),
-            f"First fix: {top.rule.fixes[0].title}",
+            f"First fix: {top.fixes[0].title}",
         ]
-        lines += [f"  {k}" for k in _knobs(top.rule.fixes[0].knobs, engine)]
+        lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, engine)]
         if len(inc.causes) > 1:
             lines.append("Also considered: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%})" for c in inc.causes[1:4]))
     return "\n".join(lines) + "\n"
@@ -145,7 +145,7 @@ def full_text(diag: Diagnosis) -> str:
             lines.append(f"     cause: {c.cause}")
             for k, v in c.evidence.items():
                 lines.append(f"     - {_evidence_line(k, v)}")
-            for f in c.rule.fixes:
+            for f in c.fixes:
                 lines.append(f"     fix: {f.title}")
                 lines += [f"       {k}" for k in _knobs(f.knobs, engine, limit=5)]
     return "\n".join(lines) + "\n"
@@ -164,7 +164,7 @@ def markdown(diag: Diagnosis) -> str:
         out += [f"| {i} | `{c.rule.id}` | {c.confidence:.0%} | {c.cause} |" for i, c in enumerate(inc.causes, 1)]
         out += ["", "**Evidence**", ""] + [f"- `{k}` = {fmt(v, REGISTRY[k].unit)}" for k, v in top.evidence.items()]
         out += ["", "**Fixes, in order**", ""]
-        for f in top.rule.fixes:
+        for f in top.fixes:
             out.append(f"1. {f.title}" + (f" — {f.why}" if f.why else ""))
             out += [f"   - {k}" for k in _knobs(f.knobs, engine, limit=5)]
         out.append("")
@@ -180,8 +180,8 @@ def live_incident_text(inc, what: str, engine: str | None) -> str:
     lines = [f"INCIDENT #{inc.id} {inc.severity.upper()} {inc.symptom}: {top.rule.title}",
              f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
              "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:4]),
-             f"First fix: {top.rule.fixes[0].title}"]
-    lines += [f"  {k}" for k in _knobs(top.rule.fixes[0].knobs, ENGINE_KNOB.get((engine or "").lower()))]
+             f"First fix: {top.fixes[0].title}"]
+    lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, ENGINE_KNOB.get((engine or "").lower()))]
     if len(inc.causes) > 1:
         lines.append("Also: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%})" for c in inc.causes[1:4]))
     return "\n".join(lines)
