@@ -77,6 +77,11 @@ def test_fleet_findings_replica_vs_fleet():
     allr = diagnose_fleet(_fleet({"a:1": 6, "b:1": 5, "c:1": 7}, {"a:1": 100, "b:1": 100, "c:1": 100}), rules, opts)
     f = [f for f in allr.findings if f["rule"] == "queueing-saturation"][0]
     assert f["scope"] == "fleet" and f["kind"] == "capacity" and f["instances"] == ["a:1", "b:1", "c:1"]
+    # a big fleet: the sentence names a few healthy replicas and counts the rest; JSON keeps all
+    many = {f"r{i}:1": 0 for i in range(12)} | {"a:1": 6}
+    big = diagnose_fleet(_fleet(many, {k: (300 if k == "a:1" else 100) for k in many}), rules, opts)
+    f = [f for f in big.findings if f["rule"] == "queueing-saturation"][0]
+    assert len(f["healthy"]) == 12 and "and 7 more" in f["summary"] and "r9:1" not in f["summary"]
 
 
 class Canned:

@@ -28,7 +28,7 @@ from ..engines.neutral import NEUTRAL, derive
 from ..engines.rates import counter_increase
 from ..model import CaptureMeta, EngineSample, Event, SourceStatus
 from .client import PromClient, PromError
-from .outliers import OUTLIERS, outlier_findings
+from .outliers import OUTLIERS, outlier_findings, replica_list
 from .query import Planned, Selectors, discovery_selectors, plan
 
 #: counters that say how much work a replica took, first present wins, with the unit of their rate
@@ -380,15 +380,15 @@ def fleet_findings(per: dict[str, Any], load: dict[str, float]) -> list[dict[str
             ratio = la / lh if math.isfinite(la) and math.isfinite(lh) and lh > 0 else math.nan
             if math.isfinite(ratio) and ratio >= IMBALANCE_RATIO:
                 kind = "imbalance"
-                why = (f"{rid} only on {', '.join(affected)}, which take {ratio:.1f}x the load of the healthy "
-                       f"replicas ({', '.join(healthy)}): the router/load balancer sends them too much")
+                why = (f"{rid} only on {replica_list(affected)}, which take {ratio:.1f}x the load of the healthy "
+                       f"replicas ({replica_list(healthy)}): the router/load balancer sends them too much")
             elif math.isfinite(la) and math.isfinite(lh) and lh == 0 and la > 0:
                 kind = "imbalance"
-                why = f"{rid} only on {', '.join(affected)}; the healthy replicas ({', '.join(healthy)}) take no load at all"
+                why = f"{rid} only on {replica_list(affected)}; the healthy replicas ({replica_list(healthy)}) take no load at all"
             else:
                 kind = "sick-host"
-                why = (f"{rid} only on {', '.join(affected)} at about the same load as the healthy replicas "
-                       f"({', '.join(healthy)}): look at that host (GPU, neighbours, config drift)")
+                why = (f"{rid} only on {replica_list(affected)} at about the same load as the healthy replicas "
+                       f"({replica_list(healthy)}): look at that host (GPU, neighbours, config drift)")
         out.append({
             "rule": rid, "title": c0.rule.title, "severity": c0.rule.severity, "scope": scope, "kind": kind,
             "instances": affected, "healthy": healthy, "summary": why,
@@ -409,7 +409,7 @@ def render_text(fd: FleetDiagnosis) -> str:
     if not fd.findings:
         lines.append("Fleet: no rule fired on any instance.")
     for f in fd.findings:
-        lines.append(f"{f['severity'].upper()} {f['rule']} [{f['scope']}/{f['kind']}] on {', '.join(f['instances'])}")
+        lines.append(f"{f['severity'].upper()} {f['rule']} [{f['scope']}/{f['kind']}] on {replica_list(f['instances'], 10)}")
         lines.append(f"  {f['summary']}")
         for n, ev in f["evidence"].items():
             shown = ", ".join(f"{k}={v:g}" for k, v in ev.items() if v is not None)

@@ -44,6 +44,14 @@ OUTLIERS: tuple[Outlier, ...] = (
 )
 
 
+def replica_list(items: list[str], most: int = 5) -> str:
+    """Replicas for a sentence (findings' summaries, here and in fleet.py): all of them when
+    few, else the first few and a count; the JSON's ``instances``/``healthy`` keep every name."""
+    if len(items) <= most:
+        return ", ".join(items)
+    return f"{', '.join(items[:most])} and {len(items) - most} more"
+
+
 def _num(v: float) -> float | None:
     return None if v is None or not math.isfinite(v) else round(float(v), 4)
 
@@ -75,8 +83,8 @@ def outlier_findings(values: dict[str, dict[str, float]], skip: set[str] = froze
             "rule": f"outlier:{o.signal}", "title": f"One replica {o.meaning}", "severity": "warning",
             "scope": "replica", "kind": "outlier", "instances": affected,
             "healthy": [n for n in names if n not in hits],
-            "summary": f"{', '.join(affected)} {o.meaning} ({o.signal} "
-                       + ", ".join(f"{hits[n][0]:.3g} vs peers' median {hits[n][1]:.3g}" for n in affected)
+            "summary": f"{replica_list(affected)} {o.meaning} ({o.signal} "
+                       + ", ".join(f"{hits[n][0]:.3g} vs peers' median {hits[n][1]:.3g}" for n in affected[:5])
                        + f"): check {o.check}",
             "evidence": {n: {o.signal: _num(hits[n][0]), "peers_median": _num(hits[n][1])} for n in affected},
         })
