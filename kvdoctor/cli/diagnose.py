@@ -76,7 +76,8 @@ def command(capture, since, until, rules_dirs, slo, sets, lookback, step, fmt, o
       kvdoctor diagnose cap/ --rules my-rules/ --set prefill-bound.min_corr=0.5
       kvdoctor diagnose --prometheus http://prom:9090 --selector '{job="vllm"}' --since 2h   # a fleet
 
-    Exit status: 0 done (incidents or not), 2 bad input, 3 bad rule file.
+    Exit status: 0 done (incidents or not), 2 bad input, 3 bad rule file, 4 nothing could be
+    read from --prometheus (refused, unreachable, no engine metrics under the selector).
     """
     from ..report.summary import full_text, markdown
 

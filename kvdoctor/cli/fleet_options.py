@@ -65,13 +65,14 @@ def run_fleet(prometheus, selector, since, until, prom_start, prom_end, step, lo
     data = fetch_from_options(prometheus, selector, since, until, prom_start, prom_end, step, group_by,
                               bearer_token, basic_auth, ca_file, insecure, prom_timeout,
                               gpu_selector=gpu_selector, sidecar_selector=sidecar_selector)
-    for w in data.warnings:
-        click.echo(w, err=True)
     if not data.samples:
         from ..errors import SourceError
 
         why = data.warnings[0].removeprefix("warning: ") if data.warnings else "no instances in the range"
-        raise SourceError(f"nothing to diagnose from {data.source}: {why}")
+        more = f" (and {len(data.warnings) - 1} more warnings)" if len(data.warnings) > 1 else ""
+        raise SourceError(f"nothing to diagnose from {data.source}: {why}{more}")
+    for w in data.warnings:
+        click.echo(w, err=True)
     try:
         opts = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo))
     except ValueError as e:

@@ -87,7 +87,7 @@ class PromClient:
 
     def label_values(self, label: str, match: list[str], start: float, end: float) -> list[str]:
         return self.get(f"label/{label}/values", [("match[]", m) for m in match] +
-                        [("start", f"{start:.3f}"), ("end", f"{end:.3f}")], f"label values {label} {match}", post=False) or []
+                        [("start", f"{start:.3f}"), ("end", f"{end:.3f}")], f"GET label/{label}/values", post=False) or []
 
     def query_range(self, query: str, start: float, end: float, step_s: float) -> list[dict[str, Any]]:
         data = self.get("query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
