@@ -398,6 +398,11 @@ def test_import_prometheus_range_and_replay(fleet_stack, run_cli):
     assert r.returncode == 0, r.stderr
     q = [f for f in json.loads(r.stdout)["findings"] if f["rule"] == "queueing-saturation"]
     assert q and q[0]["instances"] == [fleet_stack["hot"]]
+    page = fleet_stack["tmp"] / "fleet.html"
+    r = run_cli("report", "--prometheus", str(cap), "--step", "2s", "-o", str(page))
+    assert r.returncode == 0 and "2 replicas, 1 flagged" in r.stdout, (r.stdout, r.stderr)
+    html = page.read_text()
+    assert fleet_stack["hot"] in html and 'id="chart-load"' in html and "queueing-saturation" in html
 
 
 @pytest.mark.server
@@ -534,3 +539,23 @@ def test_bearer_token_against_a_gated_prometheus(tmp_path, run_cli):
         for p in procs:
             p.terminate()
             p.wait(10)
+
+
+HOSTILE_NAME = '<img src=x onerror="window.__pwned=1">:8000'
+
+
+def test_fleet_page_has_findings_charts_and_escapes_label_values(tmp_path):
+    """The fleet page from a diagnosis whose instance label is markup (Prometheus label values
+    can hold anything): findings and table name the replicas, both charts are drawn, and the
+    markup appears only escaped."""
+    from kvdoctor.report.fleet_html import render_fleet_html
+
+    d = _fleet({"a:1": 0, "b:1": 0, "c:1": 0, HOSTILE_NAME: 6}, {"a:1": 100, "b:1": 100, "c:1": 100, HOSTILE_NAME: 300})
+    fd = diagnose_fleet(d, load_rules(), Options(lookback_s=120, step_s=10))
+    rows = fd.to_json()["replicas"]
+    assert rows[0]["instance"] == HOSTILE_NAME and rows[0]["status"] == "rule" and rows[0]["findings"]
+    assert {r["status"] for r in rows[1:]} == {"healthy"}
+    html = render_fleet_html(fd)
+    assert "<img src=x" not in html and "&lt;img src=x onerror=" in html
+    assert 'id="chart-load"' in html and 'id="chart-heatmap"' in html and "queueing-saturation" in html
+    (tmp_path / "fleet.html").write_text(html)

@@ -196,3 +196,32 @@ def test_hostile_capture_runs_nothing_and_shows_the_text(browser, tmp_path):
         assert page.evaluate("typeof window.__pwned") == "undefined"
     finally:
         page.close()
+
+
+def test_fleet_page_renders_and_runs_no_label_markup(browser, tmp_path):
+    """`kvdoctor report --prometheus` output: both charts drawn, no console error or network
+    request, and an instance label that is markup shows as text and runs nothing."""
+    from kvdoctor.diagnosis import Options
+    from kvdoctor.fleet import diagnose_fleet
+    from kvdoctor.report.fleet_html import render_fleet_html
+
+    from test_fleet import HOSTILE_NAME, _fleet
+
+    names = ["a:1", "b:1", "c:1", HOSTILE_NAME]
+    d = _fleet({n: (6 if n == HOSTILE_NAME else 0) for n in names}, {n: (300 if n == HOSTILE_NAME else 100) for n in names})
+    fd = diagnose_fleet(d, load_rules(), Options(lookback_s=120, step_s=10))
+    path = tmp_path / "fleet.html"
+    path.write_text(render_fleet_html(fd), encoding="utf-8")
+    r = open_report(browser, path)
+    page = r.page
+    try:
+        assert page.evaluate("window.__kvdoctorRenderError || null") is None
+        assert r.errors == [] and r.requests == [], (r.errors, r.requests)
+        assert page.evaluate("[...document.querySelectorAll('.kvd-chart')].filter(d => d.querySelector('.main-svg')).length") == 2
+        assert page.evaluate("typeof window.__pwned") == "undefined"
+        assert page.evaluate("document.querySelectorAll('main img, header img').length") == 0
+        assert HOSTILE_NAME in page.evaluate("document.getElementById('replicas').innerText")
+        assert "queueing-saturation" in page.evaluate("document.getElementById('findings').innerText")
+        screenshot(page, tmp_path, "fleet")
+    finally:
+        page.close()

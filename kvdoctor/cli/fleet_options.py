@@ -55,12 +55,13 @@ def fetch_from_options(prometheus: str, selector, since, until, prom_start, prom
     return fetch(client, t0, t1, step_s, Selectors.parse(selector, gpu_selector, sidecar_selector), groups)
 
 
-def run_fleet(prometheus, selector, since, until, prom_start, prom_end, step, lookback, group_by, rules_dirs, slo,
-              sets, bearer_token, basic_auth, ca_file, insecure, prom_timeout, fmt, output,
-              gpu_selector=None, sidecar_selector=None) -> None:
+def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, step, lookback, group_by, rules_dirs,
+                    slo, sets, bearer_token, basic_auth, ca_file, insecure, prom_timeout,
+                    gpu_selector=None, sidecar_selector=None):
+    """Fetch (or replay) and diagnose every instance: the FleetDiagnosis that diagnose and report render."""
     from ..diagnosis import Options, load_rules, parse_slo
     from ..diagnosis.rules import parse_duration, parse_overrides
-    from ..fleet import diagnose_fleet, render_text
+    from ..fleet import diagnose_fleet
 
     data = fetch_from_options(prometheus, selector, since, until, prom_start, prom_end, step, group_by,
                               bearer_token, basic_auth, ca_file, insecure, prom_timeout,
@@ -78,7 +79,14 @@ def run_fleet(prometheus, selector, since, until, prom_start, prom_end, step, lo
     except ValueError as e:
         raise InputError(f"--lookback/--step: {e}") from None
     rules = load_rules([Path(d) for d in rules_dirs], parse_overrides(sets))
-    fd = diagnose_fleet(data, rules, opts)
+    return diagnose_fleet(data, rules, opts)
+
+
+def run_fleet(prometheus, selector, *args, fmt, output, **kwargs) -> None:
+    """`kvdoctor diagnose --prometheus`: the fleet diagnosis as text or JSON."""
+    from ..fleet import render_text
+
+    fd = fleet_diagnosis(prometheus, selector, *args, **kwargs)
     if fmt == "json":
         text = orjson.dumps(fd.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
     else:

@@ -28,6 +28,7 @@ from ..engines.neutral import NEUTRAL, derive
 from ..engines.rates import counter_increase
 from ..model import CaptureMeta, EngineSample, Event, SourceStatus
 from .client import PromClient, PromError
+from . import overview
 from .outliers import OUTLIERS, outlier_findings, replica_list
 from .query import Planned, Selectors, discovery_selectors, plan
 
@@ -326,6 +327,7 @@ class FleetDiagnosis:
                       "joined": {k: sorted(d.joined.get(k, ())) for k in sorted(d.samples)},
                       "load_per_s": {k: _num(v) for k, v in self.load.items()}, "load_unit": self.load_unit},
             "findings": self.findings,
+            "replicas": overview.to_json(overview.replicas(self)),
             "instances": {k: v.to_json() for k, v in self.per_instance.items()},
         }
 
