@@ -20,6 +20,8 @@ from . import conditions as C
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 @dataclass(frozen=True)
 class Cause:
@@ -100,7 +102,8 @@ def _fail(path: Path, rule_id: str, where: str, message: str) -> RuleError:
 
 def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
     try:
-        raw = yaml.safe_load(path.read_text())  # safe_load: tags that build objects are refused
+        # the safe loader (libyaml's when present: 8x faster): tags that build objects are refused
+        raw = yaml.load(path.read_text(), Loader=_SAFE_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"

@@ -14,8 +14,6 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from ..errors import InputError
 from ..model import EngineSample
 from . import TABLES
@@ -36,6 +34,14 @@ def canonical(name: str) -> str:
 def _key(name: str) -> str:
     name = canonical(name)
     return name[:-6] if name.endswith("_total") else name
+
+
+def text_string_to_metric_families(text: str):
+    # imported on first use: diagnosing a capture never parses exposition text, and the
+    # parser module pulls in prometheus_client's HTTP exposition (~30 ms at every start)
+    from prometheus_client.parser import text_string_to_metric_families as parse
+
+    return parse(text)
 
 
 def parse_families(text: str, source: str = "<text>") -> list:
