@@ -450,6 +450,54 @@ def test_tls_and_basic_auth_against_real_prometheus(tmp_path):
         prom.wait(10)
 
 
+RECORDED_PAGES = {  # job -> (recorded /metrics page in tests/data/metrics, engine table it must map to)
+    "vllm": ("vllm_v0_qwen2.5-coder-1.5b_aibrix_runtime_doc.prom", "vllm"),
+    "sglang-old": ("sglang_gemma-2-9b-it_production_metrics_doc_early.prom", "sglang"),
+    "sglang": ("sglang_llama3.1-8b_production_metrics_doc.prom", "sglang"),
+    "trtllm": ("trtllm_triton_backend_readme_metrics.prom", "trtllm"),
+}
+
+
+@pytest.mark.server
+def test_every_engines_recorded_page_through_a_real_prometheus(tmp_path):
+    """Real /metrics pages of vLLM, SGLang (two generations of names) and TensorRT-LLM (Triton),
+    served as recorded and scraped by a real Prometheus: discovery finds their names, one query
+    per name comes back, and each job maps to its engine table with the core gauges."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from kvdoctor.testing.llama_server import free_port
+
+    if _prometheus_binary() is None:
+        pytest.skip("/usr/bin/prometheus absent (scripts/install-services installs it)")
+    quiet = type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
+    pages = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(quiet, directory=str(DCGM_FIXTURE.parent)))
+    threading.Thread(target=pages.serve_forever, daemon=True).start()
+    jobs = "".join(f"  - job_name: {job}\n    metrics_path: /{page}\n"
+                   f"    static_configs: [{{targets: ['127.0.0.1:{pages.server_address[1]}']}}]\n"
+                   for job, (page, _) in RECORDED_PAGES.items())
+    (tmp_path / "prom.yml").write_text(f"global: {{scrape_interval: 1s}}\nscrape_configs:\n{jobs}")
+    port = free_port()
+    prom = subprocess.Popen([str(PROM), f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait(url + "/-/ready")
+        time.sleep(6)  # a few scrapes of every job
+        now = time.time()
+        d = fetch(PromClient(url), now - 60, now, 1, None, group_by=("job",))
+        assert d.engines == {job: engine for job, (_, engine) in RECORDED_PAGES.items()}, (d.engines, d.warnings)
+        assert not d.warnings, d.warnings
+        for job in RECORDED_PAGES:
+            last = d.samples[job][-1].values
+            assert "requests_running" in last and ("kv_usage_frac" in last or "kv_used_blocks" in last), (job, sorted(last))
+        assert d.samples["sglang"][-1].histograms.get("ttft_seconds"), sorted(d.samples["sglang"][-1].histograms)
+    finally:
+        pages.shutdown()
+        prom.terminate()
+        prom.wait(10)
+
+
 @pytest.mark.server
 def test_a_failed_query_is_named_and_the_rest_goes_on(run_cli):
     """A real Prometheus with a low --query.max-samples refuses the big histogram-bucket query
