@@ -16,7 +16,9 @@ import dataclasses
 import math
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,10 +311,65 @@ def load_rate(samples: list[EngineSample], span_s: float) -> tuple[str | None, f
     return None, math.nan
 
 
+#: signals every replica is summarised by: the outlier comparisons and the replica table
+SUMMARY_SIGNALS = tuple(dict.fromkeys([o.signal for o in OUTLIERS] + [c[0] for c in overview.COLUMNS]))
+#: below this many replicas, worker processes cost more than they save
+PARALLEL_MIN = 32
+
+
+@dataclass
+class InstanceResult:
+    """One replica's diagnosis, reduced to what the fleet view uses: its incidents, its normal
+    diagnose JSON and its summary signals over the whole range. Picklable, so that replicas can
+    be diagnosed in worker processes."""
+    incidents: list
+    json: dict[str, Any]
+    values: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.json
+
+
+def diagnose_instance(data: FleetData, name: str, rules: list, options) -> InstanceResult:
+    from ..diagnosis import diagnose
+
+    diag = diagnose(capture_for(data, name), rules, options)
+    w = diag.prepared.window(data.start_s, data.end_s)
+    return InstanceResult(diag.incidents, diag.to_json(), {s: w.value(s) for s in SUMMARY_SIGNALS})
+
+
+_FORKED: tuple | None = None  # (data, rules, options) that forked workers inherit
+
+
+def _diagnose_chunk(names: list[str]) -> list[tuple[str, InstanceResult]]:
+    data, rules, options = _FORKED
+    return [(n, diagnose_instance(data, n, rules, options)) for n in names]
+
+
+def diagnose_all(data: FleetData, rules: list, options, workers: int | None = None) -> dict[str, InstanceResult]:
+    """Every replica diagnosed on its own; in ``workers`` forked processes (default: one per
+    core, at most 8) when there are many replicas. The replicas' data reaches the workers by
+    fork, not by pickling; only the small results come back."""
+    global _FORKED
+    names = sorted(data.samples)
+    workers = min(os.cpu_count() or 1, 8) if workers is None else workers
+    if workers <= 1 or len(names) < PARALLEL_MIN or "fork" not in multiprocessing.get_all_start_methods():
+        return {n: diagnose_instance(data, n, rules, options) for n in names}
+    size = max(1, math.ceil(len(names) / (workers * 4)))
+    chunks = [names[i:i + size] for i in range(0, len(names), size)]
+    _FORKED = (data, rules, options)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            done = dict(pair for part in pool.map(_diagnose_chunk, chunks) for pair in part)
+    finally:
+        _FORKED = None
+    return {n: done[n] for n in names}
+
+
 @dataclass
 class FleetDiagnosis:
     data: FleetData
-    per_instance: dict[str, Any]  # name -> kvdoctor.diagnosis.Diagnosis
+    per_instance: dict[str, InstanceResult]
     findings: list[dict[str, Any]]
     load: dict[str, float]
     load_unit: dict[str, str] = field(default_factory=dict)
@@ -336,19 +393,13 @@ def _num(v: float) -> float | None:
     return None if v is None or not math.isfinite(v) else round(float(v), 4)
 
 
-def diagnose_fleet(data: FleetData, rules: list, options) -> FleetDiagnosis:
-    from ..diagnosis import diagnose
-
-    rules = engine_rules(rules)
-    per: dict[str, Any] = {}
-    for name in sorted(data.samples):
-        per[name] = diagnose(capture_for(data, name), rules, options)
+def diagnose_fleet(data: FleetData, rules: list, options, workers: int | None = None) -> FleetDiagnosis:
+    per = diagnose_all(data, engine_rules(rules), options, workers)
     span = data.end_s - data.start_s
     rates = {name: load_rate(data.samples[name], span) for name in per}
     load = {name: r for name, (_, r) in rates.items()}
     unit = {name: LOAD_SIGNALS[sig] for name, (sig, _) in rates.items() if sig}
-    whole = {name: d.prepared.window(data.start_s, data.end_s) for name, d in per.items()}
-    values = {name: {o.signal: w.value(o.signal) for o in OUTLIERS} for name, w in whole.items()}
+    values = {name: r.values for name, r in per.items()}
     findings = fleet_findings(per, load)
     named = {n for f in findings for n in f["instances"]}
     return FleetDiagnosis(data, per, findings + outlier_findings(values, skip=named), load, unit)

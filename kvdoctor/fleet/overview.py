@@ -39,13 +39,12 @@ def replicas(fd) -> list[Replica]:
         for n in f["instances"]:
             by.setdefault(n, []).append((f["kind"], f["rule"]))
     out = []
-    for name, diag in fd.per_instance.items():
-        w = diag.prepared.window(d.start_s, d.end_s)
+    for name, res in fd.per_instance.items():
         kinds = {k for k, _ in by.get(name, [])}
         status = "healthy" if not kinds else ("outlier" if kinds == {"outlier"} else "rule")
         out.append(Replica(name, d.engines.get(name), sorted(d.joined.get(name, ())), status,
                            [r for _, r in by.get(name, [])], fd.load.get(name, math.nan),
-                           fd.load_unit.get(name, "/s"), {s: w.value(s) for s, _, _ in COLUMNS}))
+                           fd.load_unit.get(name, "/s"), {s: res.values.get(s, math.nan) for s, _, _ in COLUMNS}))
     rank = {"rule": 0, "outlier": 1, "healthy": 2}
     out.sort(key=lambda r: (rank[r.status], -(r.load_per_s if math.isfinite(r.load_per_s) else -1), r.name))
     return out
