@@ -40,7 +40,7 @@ class RequestRecord:
     #: ids of the prompt's prefix blocks, in order; equal ids mean equal prefixes up to that block
     prefix_block_hashes: list[int] | None = None
     prefix_block_tokens: int | None = None
-    #: "ok", "error", "rejected", "cancelled"
+    #: "ok", "error", "rejected", "cancelled"; "in-flight" only in the live window (not answered yet)
     status: str | None = None
     error: str | None = None
     http_status: int | None = None

@@ -61,3 +61,30 @@ def test_hold_time_delays_opening():
 def test_healthy_stays_quiet_live():
     _, events = _replay("healthy", step_s=20.0)
     assert events == []
+
+
+def _first_open(recs, meta, with_in_flight: bool, step_s: float = 5.0) -> float | None:
+    """When queueing-saturation first opens live, replaying ``recs``; the requests not yet
+    finished at each step are in the window as the proxy would give them, or left out."""
+    live = LiveDiagnoser(load_rules(), Options(lookback_s=300, step_s=step_s))
+    t0 = recs[0].arrival_s
+    for now in np.arange(t0 + step_s, recs[-1].finish_s, step_s):
+        done = [r for r in recs if (r.finish_s or 0) <= now]
+        pending = [RequestRecord(request_id=f"p{i}", arrival_s=r.arrival_s, status="in-flight",
+                                 first_token_s=r.first_token_s if (r.first_token_s or now + 1) <= now else None)
+                   for i, r in enumerate(recs) if r.arrival_s <= now < (r.finish_s or 0)]
+        opened, _ = live.step(from_records(meta, requests=done + (pending if with_in_flight else [])), now)
+        if any(i.top.rule.id == "queueing-saturation" for i in opened):
+            return float(now - t0)
+    return None
+
+
+def test_requests_still_queued_count_in_the_live_window():
+    """While requests queue, the ones that have not finished are the evidence: counting them
+    (the proxy's in-flight records) opens queueing-saturation sooner than waiting for them
+    to finish, and the offline answer is unchanged."""
+    cap = kvdoctor.load(CASES / "queueing")
+    recs = sorted(_records(cap), key=lambda r: r.arrival_s)
+    with_pending, without = _first_open(recs, cap.meta, True), _first_open(recs, cap.meta, False)
+    assert with_pending is not None and without is not None
+    assert with_pending < without, (with_pending, without)

@@ -589,6 +589,44 @@ def test_start_proxy_helper():
     assert run(main()) == "ok"
 
 
+def test_requests_waiting_upstream_are_reported_in_flight():
+    """Requests the upstream has not answered yet are listed (arrival, no first token, status
+    in-flight) for the live window, and only while they wait; each then becomes a normal record."""
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({"choices": [{"message": {"content": "hi"}}],
+                                  "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
+
+    async def main():
+        app = web.Application()
+        app.router.add_route("POST", "/v1/chat/completions", slow)
+        sink = ListSink()
+        async with Started(app) as up:
+            proxy_app = make_proxy_app(up, sink)
+            async with Started(proxy_app) as base:
+                px = proxy_app[proxymod.PROXY_KEY]
+                async with aiohttp.ClientSession() as s:
+                    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+                    t0 = time.time()
+                    tasks = [asyncio.create_task(s.post(base + "/v1/chat/completions", json=body)) for _ in range(4)]
+                    for _ in range(100):
+                        if len(px.in_flight) == 4:
+                            break
+                        await asyncio.sleep(0.02)
+                    waiting = px.in_flight_records()
+                    release.set()
+                    for r in await asyncio.gather(*tasks):
+                        await r.read()
+                return waiting, px.in_flight_records(), sink.records, t0
+
+    waiting, after, records, t0 = run(main())
+    assert len(waiting) == 4 and all(r.status == "in-flight" and r.first_token_s is None and r.finish_s is None
+                                     and t0 <= r.arrival_s <= t0 + 2 for r in waiting)
+    assert after == [] and len(records) == 4 and {r.status for r in records} == {"ok"}
+
+
 def test_many_concurrent_streams_intact():
     payload = _chat_events([f"w{i} " for i in range(20)])
 

@@ -73,6 +73,7 @@ class Agent:
         self.started_s = time.time()
         self.steps = 0
         self.otel = None
+        self._proxy = None  # the streaming proxy, when there is one: its in-flight requests
         # two workers suffice for the blocking reads (NVML, psutil, HTTP scrape), and fewer
         # threads mean fewer malloc arenas: part of keeping the sidecar under ~100 MiB
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvdoctor-source")
@@ -163,7 +164,10 @@ class Agent:
         for dq in self._recent.values():
             while dq and _time(dq[0]) < now_s - keep_s:
                 dq.popleft()
-        return from_records(self.writer.meta, **{k: list(v) for k, v in self._recent.items()})
+        recent = {k: list(v) for k, v in self._recent.items()}
+        if self._proxy is not None:  # requests still waiting or streaming count too (live only)
+            recent["requests"] += self._proxy.in_flight_records()
+        return from_records(self.writer.meta, **recent)
 
     def diagnose_now(self, now_s: float | None = None) -> tuple[list[LiveIncident], list[LiveIncident]]:
         now_s = now_s or time.time()
@@ -255,7 +259,11 @@ class Agent:
             from .proxy import make_proxy_app
 
             host, port = host_port(self.cfg.proxy, 9000)
-            await self._site(web, make_proxy_app(self.cfg.server_url, self, store_text=self.cfg.store_text), host, port, "proxy")
+            from .proxy import PROXY_KEY
+
+            app = make_proxy_app(self.cfg.server_url, self, store_text=self.cfg.store_text)
+            self._proxy = app[PROXY_KEY]
+            await self._site(web, app, host, port, "proxy")
         if self.cfg.otlp_receiver:
             from .otlp_receiver import make_app as make_receiver
 

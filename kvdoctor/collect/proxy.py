@@ -447,6 +447,17 @@ class _Proxy:
         self._logged: set[str] = set()
         self.stats = {"requests": 0, "analysed": 0, "records": 0, "analysis_errors": 0,
                       "upstream_errors": 0, "retries": 0}
+        #: analysed requests not answered yet: live diagnosis counts them (queued requests
+        #: would otherwise be invisible until they finish, exactly when they matter)
+        self.in_flight: dict[int, _Analysis] = {}
+
+    def in_flight_records(self) -> list[RequestRecord]:
+        """A provisional record per request still in flight: arrival, first token if seen,
+        status ``in-flight``. For the live window only; never written to the capture."""
+        return [RequestRecord(request_id=f"in-flight-{k:x}", arrival_s=an.arrival_s, first_token_s=an.first_s,
+                              ttft_s=(an.first_s - an.arrival_s) if an.first_s is not None else None,
+                              status="in-flight", server=self.server_label)
+                for k, an in list(self.in_flight.items())]
 
     def _new_session(self, force_close: bool) -> aiohttp.ClientSession:
         # keepalive below the common 5 s server keep-alive (llama.cpp/cpp-httplib, uvicorn)
@@ -505,6 +516,15 @@ class _Proxy:
             except Exception as e:  # noqa: BLE001
                 self._fail(None, "init", e)
                 an = None
+        if an is not None:
+            self.in_flight[id(an)] = an
+        try:
+            return await self._handle(request, body, an)
+        finally:
+            if an is not None:
+                self.in_flight.pop(id(an), None)
+
+    async def _handle(self, request: web.Request, body: bytes, an: _Analysis | None) -> web.StreamResponse:
         assert self.session is not None
         url = URL(self.base + request.raw_path, encoded=True)
         headers = _forward_headers(request.headers, _REQ_DROP)

@@ -31,6 +31,10 @@ def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
         return e.code, e.read() or b""
 
 
+#: a server is taken as down after a refused connection, or after this many /metrics timeouts in a row
+DOWN_AFTER_TIMEOUTS = 3
+
+
 class ScrapeCollector:
     name = "scrape"
 
@@ -42,6 +46,7 @@ class ScrapeCollector:
         self.engine: str | None = None
         self.config: dict[str, Any] = {}
         self._up: bool | None = None
+        self._timeouts = 0  # /metrics timeouts in a row
         self._last_counters: dict[str, float] = {}
         self._config_at = 0.0
 
@@ -50,10 +55,16 @@ class ScrapeCollector:
         try:
             status, body = http_get(f"{self.base_url}/metrics", self.timeout_s)
         except (OSError, urllib.error.URLError) as e:
-            if self._up is not False:
+            reason = getattr(e, "reason", e)
+            # a server busy with a long prefill can answer /metrics late (llama.cpp serves it
+            # from the same task loop): only a refused connection, or timeouts in a row, mean down
+            slow = isinstance(reason, TimeoutError) or "timed out" in str(reason)
+            self._timeouts = self._timeouts + 1 if slow else 0
+            if self._up is not False and (not slow or self._timeouts >= DOWN_AFTER_TIMEOUTS):
                 out.append(Event(time_s=now_s, kind="server-down", server=self.server, detail={"reason": str(e)[:200]}))
                 self._up = False
-            raise SourceUnavailable(f"server unreachable at {self.base_url}: {getattr(e, 'reason', e)}", out) from None
+            raise SourceUnavailable(f"server unreachable at {self.base_url}: {reason}", out) from None
+        self._timeouts = 0
         if self._up is False:
             out.append(Event(time_s=now_s, kind="server-up", server=self.server))
         self._up = True

@@ -55,8 +55,9 @@ class Prepared:
             self.col = {name: req.num(name)[order] for name in REQUEST_COLUMNS}
         status_codes, status_labels = req.codes("status")
         status = np.array(status_labels + [""], dtype=object)[status_codes[order]]
-        # a request the client gave up on is not a server failure (its latency still counts)
-        self.is_error = (status != "ok") & (status != "cancelled")
+        # a request the client gave up on is not a server failure (its latency still counts);
+        # "in-flight" rows are the live window's requests not answered yet
+        self.is_error = (status != "ok") & (status != "cancelled") & (status != "in-flight")
         self.is_rejected = status == "rejected"
         err_codes, err_labels = req.codes("error")
         ctx_err = np.array([bool(_CONTEXT_ERROR.search(s or "")) for s in err_labels] + [False])
