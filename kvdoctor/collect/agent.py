@@ -12,6 +12,7 @@ import collections
 import concurrent.futures
 import logging
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,7 @@ class Agent:
         # two workers suffice for the blocking reads (NVML, psutil, HTTP scrape), and fewer
         # threads mean fewer malloc arenas: part of keeping the sidecar under ~100 MiB
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvdoctor-source")
+        self._live_lock = threading.Lock()
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
@@ -155,11 +157,18 @@ class Agent:
             except asyncio.TimeoutError:
                 pass
             try:
-                self.diagnose_now()
+                # the evaluation runs in a worker thread: on the event loop it would hold up the
+                # proxy's requests for its whole duration (their arrival stamps included)
+                now_s = time.time()
+                recent = self._snapshot(now_s)
+                opened, closed = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, self._evaluate, recent, now_s)
+                self._announce_changes(opened, closed)
             except Exception:
                 log.exception("live diagnosis failed (capture continues)")
 
-    def recent_capture(self, now_s: float):
+    def _snapshot(self, now_s: float) -> dict[str, list]:
+        """The recent records as lists (on the loop thread, which appends to the deques)."""
         keep_s = self.cfg.options.lookback_s + max((r.for_s for r in self.cfg.rules), default=0) + 60
         for dq in self._recent.values():
             while dq and _time(dq[0]) < now_s - keep_s:
@@ -167,14 +176,27 @@ class Agent:
         recent = {k: list(v) for k, v in self._recent.items()}
         if self._proxy is not None:  # requests still waiting or streaming count too (live only)
             recent["requests"] += self._proxy.in_flight_records()
-        return from_records(self.writer.meta, **recent)
+        return recent
+
+    def recent_capture(self, now_s: float):
+        return from_records(self.writer.meta, **self._snapshot(now_s))
+
+    def _evaluate(self, recent: dict[str, list], now_s: float) -> tuple[list[LiveIncident], list[LiveIncident]]:
+        cap = from_records(self.writer.meta, **recent)
+        with self._live_lock:  # one step at a time (the final step at shutdown may meet a running one)
+            opened, closed = self.live.step(cap, now_s)
+            self.steps += 1
+            self._export_percentiles(self.live.last_window)
+        return opened, closed
 
     def diagnose_now(self, now_s: float | None = None) -> tuple[list[LiveIncident], list[LiveIncident]]:
+        """One live step, synchronously (tests; the running sidecar uses _diagnose_loop)."""
         now_s = now_s or time.time()
-        cap = self.recent_capture(now_s)
-        opened, closed = self.live.step(cap, now_s)
-        self.steps += 1
-        self._export_percentiles(cap, now_s)
+        opened, closed = self._evaluate(self._snapshot(now_s), now_s)
+        self._announce_changes(opened, closed)
+        return opened, closed
+
+    def _announce_changes(self, opened: list[LiveIncident], closed: list[LiveIncident]) -> None:
         for inc in opened:
             self.metrics["kvdoctor_incidents_opened_total"].labels(rule=inc.top.rule.id).inc()
             self._announce("opened", inc)
@@ -184,12 +206,8 @@ class Agent:
         active.clear()
         for inc in self.live.open_incidents:
             active.labels(rule=inc.top.rule.id, symptom=inc.symptom, severity=inc.severity).set(1)
-        return opened, closed
 
-    def _export_percentiles(self, cap, now_s: float) -> None:
-        from ..signals import Prepared
-
-        w = Prepared(cap).window(now_s - self.cfg.options.lookback_s, now_s)
+    def _export_percentiles(self, w) -> None:
         for prefix, metric in (("ttft", "kvdoctor_ttft_seconds"), ("tpot", "kvdoctor_tpot_seconds"),
                                ("itl", "kvdoctor_itl_seconds"), ("e2e", "kvdoctor_e2e_seconds")):
             for q in (50, 90, 99):

@@ -70,6 +70,8 @@ class LiveDiagnoser:
         self.keep_closed = keep_closed
         self._since: dict[str, float] = {}
         self.incidents: list[LiveIncident] = []
+        #: the window of the last step (its signal values are memoised: reuse, don't recompute)
+        self.last_window = None
 
     @property
     def open_incidents(self) -> list[LiveIncident]:
@@ -78,7 +80,7 @@ class LiveDiagnoser:
     def step(self, cap: Capture, now_s: float) -> tuple[list[LiveIncident], list[LiveIncident]]:
         """Evaluate at ``now_s``; returns (opened, closed) incidents."""
         prep = Prepared(cap, self.options.slo)
-        w = prep.window(now_s - self.options.lookback_s, now_s)
+        w = self.last_window = prep.window(now_s - self.options.lookback_s, now_s)
         active: dict[str, tuple[float, str]] = {}
         for rule in self.rules:
             ok, conf, title = match(rule, w, self.options.slo)
