@@ -225,6 +225,24 @@ def test_parallel_diagnosis_gives_the_same_answer():
     assert [f["instances"] for f in one["findings"] if f["rule"] == "queueing-saturation"] == [["r03:1", "r17:1"]]
 
 
+def test_a_server_that_never_answers_times_out_with_a_named_warning():
+    """A listening socket that accepts and never answers (a hung Prometheus or proxy): the
+    per-query timeout fires, the warning names the query and says it timed out."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    try:
+        t = time.perf_counter()
+        d = fetch(PromClient(f"http://127.0.0.1:{srv.getsockname()[1]}", timeout_s=0.5), 0, 60, 15)
+        assert time.perf_counter() - t < 5
+        assert not d.samples and len(d.warnings) == 1
+        assert "label/__name__/values" in d.warnings[0] and "timed out" in d.warnings[0].lower(), d.warnings
+    finally:
+        srv.close()
+
+
 def test_unreachable_prometheus_is_a_warning_not_a_crash():
     d = fetch(PromClient("http://127.0.0.1:9", timeout_s=2), 0, 60, 15)
     assert not d.samples and any("cannot reach" in w for w in d.warnings)
