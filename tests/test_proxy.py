@@ -351,19 +351,26 @@ def test_error_statuses(status, err, expect):
     assert r.ttft_s is None and r.output_tokens is None
 
 
-def test_stream_error_event_marks_error():
-    payload = _sse({"choices": [{"delta": {"content": "hi"}}]}) + b'error: {"code":500,"message":"slot died","type":"server_error"}\n\n'
-
+def _relay_once(payload: bytes, body: bytes | None = None) -> ListSink:
+    """One chat request (CHAT_BODY, else these raw bytes) through the proxy to a raw upstream
+    that answers ``payload``; the client must get it byte for byte. Returns the proxy's sink."""
     async def main():
         sink = ListSink()
         async with RawUpstream(SSE_HEAD, _chunked([payload])) as up:
             async with Started(make_proxy_app(up, sink)) as px:
                 async with aiohttp.ClientSession() as s:
-                    async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
+                    kw = {"data": body} if body is not None else {"json": CHAT_BODY}
+                    async with s.post(px + "/v1/chat/completions", **kw) as r:
                         assert await r.read() == payload
         return sink
 
-    (r,) = run(main()).records
+    return run(main())
+
+
+def test_stream_error_event_marks_error():
+    payload = _sse({"choices": [{"delta": {"content": "hi"}}]}) + b'error: {"code":500,"message":"slot died","type":"server_error"}\n\n'
+
+    (r,) = _relay_once(payload).records
     assert r.status == "error" and r.error == "slot died"
 
 
@@ -399,32 +406,14 @@ def test_fail_open_when_record_building_raises(monkeypatch):
     monkeypatch.setattr(proxymod._Analysis, "record", boom)
     payload = _chat_events(["a ", "b "])
 
-    async def main():
-        sink = ListSink()
-        async with RawUpstream(SSE_HEAD, _chunked([payload])) as up:
-            async with Started(make_proxy_app(up, sink)) as px:
-                async with aiohttp.ClientSession() as s:
-                    async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
-                        assert await r.read() == payload
-        return sink
-
-    assert run(main()).records == []
+    assert _relay_once(payload).records == []
 
 
 def test_bad_request_json_still_forwarded_no_crash():
     payload = _chat_events(["a "])
 
-    async def main():
-        sink = ListSink()
-        async with RawUpstream(SSE_HEAD, _chunked([payload])) as up:
-            async with Started(make_proxy_app(up, sink)) as px:
-                async with aiohttp.ClientSession() as s:
-                    async with s.post(px + "/v1/chat/completions", data=b"{not json") as r:
-                        assert await r.read() == payload
-        return sink
-
     # the request body could not be parsed: analysis of that request fails, no record
-    assert run(main()).records == []
+    assert _relay_once(payload, body=b"{not json").records == []
 
 
 def test_upstream_down_502_then_recovers():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from pathlib import Path
 from typing import Callable, Iterator
 
 
@@ -28,3 +29,11 @@ def progress_callback(desc: str, unit: str = "it") -> Iterator[Callable[[int, in
     finally:
         if bar is not None:
             bar.close()
+
+
+def write_out(text: str, output: str | None) -> None:
+    """A command's result: to the --output file when given, else to standard output."""
+    if output:
+        Path(output).write_text(text)
+    else:
+        sys.stdout.write(text)

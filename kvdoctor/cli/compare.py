@@ -1,13 +1,13 @@
 """`kvdoctor compare`: did the fix work, and what did it cost?"""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 import orjson
 
 from ..errors import InputError
+from .common import write_out
 
 
 @click.command("compare")
@@ -73,10 +73,7 @@ def command(before, after, fmt, output, html_path, rules_dirs, slo, sets, lookba
         out = markdown(comp)
     else:
         out = text(comp)
-    if output:
-        Path(output).write_text(out)
-    else:
-        sys.stdout.write(out)
+    write_out(out, output)
     if html_path:
         from ..report.compare_html import render_compare_html
 

@@ -1,7 +1,6 @@
 """`kvdoctor diagnose` and `kvdoctor summary`."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -9,7 +8,7 @@ import orjson
 
 from ..errors import InputError
 from ..timeparse import epoch_or_iso
-from .common import progress_callback
+from .common import progress_callback, write_out
 from .fleet_options import fleet_options, run_fleet  # fleet mode
 
 
@@ -97,7 +96,4 @@ def command(capture, since, until, rules_dirs, slo, sets, lookback, step, fmt, o
         text = markdown(diag)
     else:
         text = full_text(diag)
-    if output:
-        Path(output).write_text(text)
-    else:
-        sys.stdout.write(text)
+    write_out(text, output)

@@ -1,13 +1,13 @@
 """`kvdoctor diagnose --prometheus URL`: the fleet options and the command body they run."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 import orjson
 
 from ..errors import InputError
+from .common import write_out
 
 
 def fleet_options(f):
@@ -91,7 +91,4 @@ def run_fleet(prometheus, selector, *args, fmt, output, **kwargs) -> None:
         text = orjson.dumps(fd.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
     else:
         text = render_text(fd)
-    if output:
-        Path(output).write_text(text)
-    else:
-        sys.stdout.write(text)
+    write_out(text, output)

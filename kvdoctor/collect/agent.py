@@ -178,9 +178,6 @@ class Agent:
             recent["requests"] += self._proxy.in_flight_records()
         return recent
 
-    def recent_capture(self, now_s: float):
-        return from_records(self.writer.meta, **self._snapshot(now_s))
-
     def _evaluate(self, recent: dict[str, list], now_s: float) -> tuple[list[LiveIncident], list[LiveIncident]]:
         cap = from_records(self.writer.meta, **recent)
         with self._live_lock:  # one step at a time (the final step at shutdown may meet a running one)

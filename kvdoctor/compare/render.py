@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..report.summary import fmt
+from ..report.summary import duration_text, fmt
 from . import measures
 from .verdict import change_text
 from .workload import Check
@@ -27,20 +27,12 @@ def _num(v: Any) -> Any:
     return None if math.isnan(v) or math.isinf(v) else round(v, 6)
 
 
-def _dur(s: float) -> str:
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
 def _side_line(c: "Comparison", role: str) -> str:
     side, diag = (c.before, c.before_diag) if role == "before" else (c.after, c.after_diag)
     n = len(diag.incidents)
     inc = "no incident" if not n else f"{n} incident{'s' if n != 1 else ''}"
     return (f"{side.label} · {len(side.capture.requests):,} requests · {diag.time_label(diag.start_s)} → "
-            f"{diag.time_label(diag.end_s)} ({_dur(max(diag.end_s - diag.start_s, 0))}) · {inc}")
+            f"{diag.time_label(diag.end_s)} ({duration_text(max(diag.end_s - diag.start_s, 0))}) · {inc}")
 
 
 def _value(v: float, unit: str) -> str:

@@ -47,11 +47,7 @@ class CauseFinding:
     cause: str
     evidence: dict[str, float]
     #: the rule's fixes that apply to this incident, in order (Rule.fixes_for)
-    fixes: tuple = ()
-
-    def __post_init__(self) -> None:
-        if not self.fixes:
-            self.fixes = self.rule.fixes
+    fixes: tuple
 
 
 @dataclass

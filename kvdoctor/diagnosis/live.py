@@ -21,11 +21,7 @@ class LiveCause:
     confidence: float
     cause: str
     evidence: dict[str, float]
-    fixes: tuple = ()
-
-    def __post_init__(self) -> None:
-        if not self.fixes:
-            self.fixes = self.rule.fixes
+    fixes: tuple  # Rule.fixes_for on the step's window
 
 
 @dataclass

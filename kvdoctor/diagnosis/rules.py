@@ -16,6 +16,7 @@ import yaml
 
 from ..errors import RuleError
 from ..signals import REGISTRY
+from ..timeparse import parse_duration  # noqa: F401 - the commands import it from here
 from . import conditions as C
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
@@ -87,13 +88,6 @@ def builtin_rules_dir() -> Path:
     if packaged.is_dir() and any(packaged.glob("*.yaml")):
         return packaged
     return Path(__file__).resolve().parents[2] / "rules"
-
-
-def parse_duration(text: str) -> float:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text.strip())
-    if not m:
-        raise ValueError(f"expected a duration like 30s, 2m or 1h, got {text!r}")
-    return float(m[1]) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600}[m[2]]
 
 
 def _fail(path: Path, rule_id: str, where: str, message: str) -> RuleError:

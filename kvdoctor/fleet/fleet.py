@@ -185,8 +185,7 @@ def _combine(arrs: list[np.ndarray], agg: str) -> np.ndarray:
     return np.where(n > 0, out, np.nan)
 
 
-def _assemble(data: FleetData, grid, vals, hists, sidecar, models, hostnames=None) -> None:
-    hostnames = hostnames or {}
+def _assemble(data: FleetData, grid, vals, hists, sidecar, models, hostnames) -> None:
     groups = set(vals) | set(hists)
     engine_of: dict[str, str | None] = {}
     for g in groups:

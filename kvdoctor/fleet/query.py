@@ -18,21 +18,20 @@ from ..engines import TABLES
 from ..engines.neutral import NEUTRAL, EngineTable, Wire
 from ..engines.promtext import FOLD, _key
 from ..errors import InputError
+from .. import timeparse
 from ..timeparse import epoch_or_iso
 
 #: kvdoctor sidecars' own metrics (kvdoctor/exported.py) the fleet view reads
 SIDECAR = ("kvdoctor_info", "kvdoctor_incident_active", "kvdoctor_kv_usage_ratio", "kvdoctor_server_up",
            "kvdoctor_gpu_memory_used_bytes", "kvdoctor_gpu_memory_total_bytes", "kvdoctor_gpu_memory_bandwidth_ratio")
 
-_DUR = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
-_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(v: str, name: str) -> float:
-    m = _DUR.match(v.strip())
-    if not m:
-        raise InputError(f"--{name} {v!r}: expected a duration like 30s, 5m, 2h")
-    return float(m[1]) * _UNIT[m[2]]
+    try:
+        return timeparse.parse_duration(v)
+    except ValueError:
+        raise InputError(f"--{name} {v!r}: expected a duration like 30s, 5m, 2h") from None
 
 
 def parse_instant(v: str, name: str, now: float) -> float:
@@ -40,7 +39,7 @@ def parse_instant(v: str, name: str, now: float) -> float:
     v = v.strip()
     if v == "now":
         return now
-    if _DUR.match(v):
+    if timeparse.DURATION.match(v):
         return now - parse_duration(v, name)
     t = epoch_or_iso(v)
     if t is None:
@@ -52,7 +51,7 @@ def time_range(since: str | None, start: str | None, end: str | None, until: str
                now: float | None = None, default_since: str = "1h") -> tuple[float, float]:
     now = time.time() if now is None else now
     t1 = parse_instant(end or until or "now", "end", now)
-    t0 = parse_instant(start or since or default_since, "start" if start else "since", t1 if (since or not start) and _DUR.match((start or since or default_since).strip()) else now)
+    t0 = parse_instant(start or since or default_since, "start" if start else "since", t1 if (since or not start) and timeparse.DURATION.match((start or since or default_since).strip()) else now)
     if t0 >= t1:
         raise InputError(f"time range is empty: start {t0:.0f} is not before end {t1:.0f}")
     return t0, t1

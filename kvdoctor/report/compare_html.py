@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 from .. import __version__
 from ..diagnosis import Diagnosis
 from . import figures as F
-from .html import esc, page
+from .html import chart_box, esc, page
 
 if TYPE_CHECKING:
     from ..compare import Comparison
@@ -149,15 +149,7 @@ class _Page:
         self.figures: dict[str, Any] = {}
 
     def chart(self, ch: F.Chart, key: str) -> str:
-        if not ch.present:
-            return (f'<div class="absent"><b>{esc(ch.title)}</b>: '
-                    f'<span class="note">{esc("; ".join(ch.notes) or "no data")}</span></div>')
-        div_id = f"chart-{key}"
-        self.figures[div_id] = ch.figure
-        height = int(ch.figure.layout.height or 400)
-        notes = "".join(f'<p class="note">{esc(n)}</p>' for n in ch.notes)
-        return (f'<figure class="chart wide" id="{esc(div_id)}-box"><h3>{esc(ch.title)}</h3><p class="cap">{esc(ch.caption)}</p>'
-                f'<div class="plot kvd-chart" id="{esc(div_id)}" style="height:{height}px"></div>{notes}</figure>')
+        return chart_box(ch, key, self.figures)
 
     def side(self, role: str, diag: Diagnosis) -> str:
         side = self.c.before if role == "before" else self.c.after

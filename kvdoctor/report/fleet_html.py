@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from .. import __version__
 from ..fleet.overview import COLUMNS, Replica, replicas, series
 from . import figures as F
-from .html import esc, page
+from .html import chart_box, esc, page
 
 STATUS_COLOR = {"rule": F.SEVERITY_COLOR["critical"], "outlier": F.SEVERITY_COLOR["warning"], "healthy": "#9ca3af"}
 STATUS_LABEL = {"rule": "a rule fired", "outlier": "far from its peers", "healthy": "healthy"}
@@ -63,16 +63,18 @@ def queue_heatmap(fd, rows: list[Replica]) -> F.Chart:
     """Requests waiting (else KV usage) per replica over time, flagged and busiest replicas on top."""
     title = "Queue per replica over time"
     neutral, what = "requests_waiting", "requests waiting"
-    if not any(np.isfinite(series(fd, r.name, neutral)[1]).any() for r in rows):
+    data = {r.name: series(fd, r.name, neutral) for r in rows}
+    if not any(np.isfinite(v).any() for _, v in data.values()):
         neutral, what, title = "kv_usage_frac", "KV cache usage", "KV cache usage per replica over time"
-    shown = [r for r in rows if np.isfinite(series(fd, r.name, neutral)[1]).any()][:MAX_HEATMAP_ROWS]
+        data = {r.name: series(fd, r.name, neutral) for r in rows}
+    shown = [r for r in rows if np.isfinite(data[r.name][1]).any()][:MAX_HEATMAP_ROWS]
     if not shown:
         return F.Chart("heatmap", title, None, notes=["no replica reports requests waiting or KV usage"])
     d = fd.data
     grid = d.start_s + d.step_s * np.arange(int(round((d.end_s - d.start_s) / d.step_s)) + 1)
     z = np.full((len(shown), len(grid)), np.nan)
     for i, r in enumerate(shown):
-        t, v = series(fd, r.name, neutral)
+        t, v = data[r.name]
         k = np.clip(np.round((t - d.start_s) / d.step_s).astype(int), 0, len(grid) - 1)
         z[i, k] = v
     labels = [F._esc(f"{'● ' if r.status != 'healthy' else ''}{r.name}") for r in shown]
@@ -103,12 +105,7 @@ class _Page:
         self.figures: dict = {}
 
     def chart(self, ch: F.Chart) -> str:
-        if not ch.present:
-            return f'<div class="absent"><b>{esc(ch.title)}</b>: <span class="note">{esc("; ".join(ch.notes))}</span></div>'
-        div_id = f"chart-{ch.id}"
-        self.figures[div_id] = ch.figure
-        return (f'<figure class="chart wide" id="{esc(div_id)}-box"><h3>{esc(ch.title)}</h3><p class="cap">{esc(ch.caption)}</p>'
-                f'<div class="plot kvd-chart" id="{esc(div_id)}" style="height:{int(ch.figure.layout.height or 400)}px"></div></figure>')
+        return chart_box(ch, ch.id, self.figures)
 
     def top(self) -> str:
         d = self.fd.data

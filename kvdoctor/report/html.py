@@ -24,7 +24,7 @@ from .. import __version__
 from ..diagnosis import Diagnosis, Incident
 from ..signals import REGISTRY, Prepared
 from . import figures as F
-from .summary import ENGINE_LABEL, engine_key, fmt
+from .summary import ENGINE_LABEL, duration_text, engine_key, fmt
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 
@@ -53,14 +53,6 @@ def _plotly_js() -> str:
     if "</script" in js.lower():  # pragma: no cover - a plotly release that breaks this is a bug to see
         js = js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
     return js
-
-
-def _dur(s: float) -> str:
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
 
 
 def _knobs(knobs: dict[str, str], engine: str | None) -> list[tuple[str, str, bool]]:
@@ -204,7 +196,7 @@ class _Page:
     def header(self) -> str:
         d, meta = self.diag, self.diag.capture.meta
         items = [f"<span>{esc(d.capture.path)}</span>", f"<span>{len(d.capture.requests):,} requests</span>",
-                 f"<span>{esc(d.time_label(d.start_s))} → {esc(d.time_label(d.end_s))} ({esc(_dur(max(d.end_s - d.start_s, 0)))})</span>"]
+                 f"<span>{esc(d.time_label(d.start_s))} → {esc(d.time_label(d.end_s))} ({esc(duration_text(max(d.end_s - d.start_s, 0)))})</span>"]
         for label, value in (("engine", meta.engine), ("model", meta.model), ("GPU", meta.gpu), ("server", meta.server)):
             if value:
                 items.append(f"<span>{label} <b>{esc(value)}</b></span>")
@@ -268,7 +260,7 @@ class _Page:
                 f'<span class="sym">{esc(inc.symptom)}</span>'
                 f'<a class="inc-title inc-link" href="#incident-{n}">{n}. {esc(top.rule.title)}</a>'
                 f'<span class="when">{esc(d.time_label(inc.start_s))} → {esc(d.time_label(inc.end_s))} '
-                f'({esc(_dur(inc.end_s - inc.start_s))}) · {esc(_impact(inc))}</span></div>'
+                f'({esc(duration_text(inc.end_s - inc.start_s))}) · {esc(_impact(inc))}</span></div>'
                 f'<p class="line"><b>Likely cause</b> <span class="conf">{top.confidence:.0%}</span> '
                 f'(rule <code>{esc(top.rule.id)}</code>): {esc(top.cause)}</p>'
                 f'<div class="chips">{chips}</div>{fix_html}{also}</li>')
@@ -302,7 +294,7 @@ class _Page:
                 f'<span class="badge">{esc(inc.severity)}</span><span class="sym">{esc(inc.symptom)}</span>'
                 f"<h2>{n}. {esc(top.rule.title)}</h2>"
                 f'<p class="line"><b>When:</b> {esc(d.time_label(inc.start_s))} → {esc(d.time_label(inc.end_s))} '
-                f"({esc(_dur(inc.end_s - inc.start_s))}) · <b>Impact:</b> {esc(_impact(inc))}</p>"
+                f"({esc(duration_text(inc.end_s - inc.start_s))}) · <b>Impact:</b> {esc(_impact(inc))}</p>"
                 f'<p class="line"><b>Likely cause</b> ({top.confidence:.0%}, rule <code>{esc(top.rule.id)}</code>): {esc(top.cause)}</p>'
                 f'<div class="{body_cls}"><div class="inc-text">{"".join(text)}</div>'
                 f'<div class="inc-charts">{"".join(charts)}</div></div></section>')
@@ -323,24 +315,7 @@ class _Page:
         return f'<ol class="fixes">{"".join(items)}</ol>'
 
     def chart(self, key: str, wide: bool = False) -> str:
-        ch = self.charts[key]
-        if not ch.present:
-            return (f'<div class="absent" id="chart-{esc(key)}-box"><b>{esc(ch.title)}</b>: '
-                    f'<span class="note">{esc("; ".join(ch.notes) or "no data in this capture")}</span></div>')
-        div_id = f"chart-{key}"
-        self.figures[div_id] = ch.figure
-        height = int(ch.figure.layout.height or 400)
-        notes = "".join(f'<p class="note">{esc(n)}</p>' for n in ch.notes)
-        table = ""
-        if ch.table and ch.table[1]:
-            head = "".join(f"<th>{esc(h)}</th>" for h in ch.table[0])
-            rows = "".join("<tr>" + "".join(
-                f'<td class="{"msg" if i == 0 else "n"}">{esc(v if not isinstance(v, int) else f"{v:,}")}</td>'
-                for i, v in enumerate(r)) + "</tr>" for r in ch.table[1])
-            table = f'<table class="errors"><tr>{head}</tr>{rows}</table>'
-        return (f'<figure class="chart{" wide" if wide else ""}" id="chart-{esc(key)}-box"><h3>{esc(ch.title)}</h3>'
-                f'<p class="cap">{esc(ch.caption)}</p><div class="plot kvd-chart" id="{esc(div_id)}" style="height:{height}px"></div>'
-                f"{notes}{table}</figure>")
+        return chart_box(self.charts[key], key, self.figures, wide, absent="no data in this capture")
 
     def more(self) -> str:
         present = [k for k in self.rest if self.charts[k].present]
@@ -365,6 +340,28 @@ class _Page:
                   "This file is self-contained (charts by plotly.js, embedded) and works offline. "
                   "Drag on a chart to zoom, double-click to reset; the camera icon saves a PNG.</footer>")
         return page(self.title, self.header() + self.nav(), parts, footer, self.figures)
+
+
+def chart_box(ch: F.Chart, key: str, figures: dict[str, Any], wide: bool = True, absent: str = "no data") -> str:
+    """One chart's ``<figure>`` (title, caption, plot div, notes, its table), its figure added to
+    ``figures`` under the div's id; for an absent chart, a line saying why."""
+    if not ch.present:
+        return (f'<div class="absent" id="chart-{esc(key)}-box"><b>{esc(ch.title)}</b>: '
+                f'<span class="note">{esc("; ".join(ch.notes) or absent)}</span></div>')
+    div_id = f"chart-{key}"
+    figures[div_id] = ch.figure
+    height = int(ch.figure.layout.height or 400)
+    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in ch.notes)
+    table = ""
+    if ch.table and ch.table[1]:
+        head = "".join(f"<th>{esc(h)}</th>" for h in ch.table[0])
+        rows = "".join("<tr>" + "".join(
+            f'<td class="{"msg" if i == 0 else "n"}">{esc(v if not isinstance(v, int) else f"{v:,}")}</td>'
+            for i, v in enumerate(r)) + "</tr>" for r in ch.table[1])
+        table = f'<table class="errors"><tr>{head}</tr>{rows}</table>'
+    return (f'<figure class="chart{" wide" if wide else ""}" id="{esc(div_id)}-box"><h3>{esc(ch.title)}</h3>'
+            f'<p class="cap">{esc(ch.caption)}</p><div class="plot kvd-chart" id="{esc(div_id)}" style="height:{height}px"></div>'
+            f"{notes}{table}</figure>")
 
 
 def page(title: str, top: str, sections: list[str], footer: str, figures: dict[str, Any], css: str = "") -> str:
@@ -408,4 +405,4 @@ def render_report(diag: Diagnosis, path: str | Path, title: str | None = None) -
     return out
 
 
-__all__ = ["esc", "figure_json", "page", "render_html", "render_report", "script_json"]
+__all__ = ["chart_box", "esc", "figure_json", "page", "render_html", "render_report", "script_json"]

@@ -61,7 +61,7 @@ def _header(diag: Diagnosis) -> list[str]:
     meta = diag.capture.meta
     span = max(diag.end_s - diag.start_s, 0)
     lines = [f"kvdoctor · {diag.capture.path} · {len(diag.capture.requests):,} requests · "
-             f"{diag.time_label(diag.start_s)} → {diag.time_label(diag.end_s)} ({_dur(span)})"]
+             f"{diag.time_label(diag.start_s)} → {diag.time_label(diag.end_s)} ({duration_text(span)})"]
     what = " · ".join(x for x in (meta.engine and f"engine {meta.engine}", meta.model and f"model {meta.model}",
                                   meta.gpu and f"GPU {meta.gpu}") if x)
     if what:
@@ -74,7 +74,8 @@ def _header(diag: Diagnosis) -> list[str]:
     return lines
 
 
-def _dur(s: float) -> str:
+def duration_text(s: float) -> str:
+    """A span for people: '45 s', '12.5 min', '3.2 h' (text, report and compare pages)."""
     if s < 120:
         return f"{s:.0f} s"
     if s < 7200:
@@ -106,7 +107,7 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
         top = inc.causes[0]
         lines += [
             "",
-            f"[{n}] {inc.severity.upper()} {inc.symptom} · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} ({_dur(inc.end_s - inc.start_s)})",
+            f"[{n}] {inc.severity.upper()} {inc.symptom} · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})",
             f"What: {top.rule.title}",
             f"Impact: {_impact(inc)}",
             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
@@ -138,7 +139,7 @@ def full_text(diag: Diagnosis) -> str:
         return "\n".join(lines + ["", "No incident: no rule fired. " + _healthy_line(diag)]) + "\n"
     for n, inc in enumerate(diag.incidents, 1):
         lines += ["", f"Incident {n}: {inc.severity.upper()} {inc.symptom}, {diag.time_label(inc.start_s)} → "
-                      f"{diag.time_label(inc.end_s)} ({_dur(inc.end_s - inc.start_s)})",
+                      f"{diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})",
                   f"  impact: {_impact(inc)}"]
         for rank, c in enumerate(inc.causes, 1):
             lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}): {c.rule.title}")
@@ -176,7 +177,7 @@ def live_incident_text(inc, what: str, engine: str | None) -> str:
     top = inc.top
     if what == "closed":
         return (f"RESOLVED #{inc.id} {inc.symptom}: {top.rule.title} "
-                f"(open {_dur((inc.closed_s or inc.last_s) - inc.opened_s)})")
+                f"(open {duration_text((inc.closed_s or inc.last_s) - inc.opened_s)})")
     lines = [f"INCIDENT #{inc.id} {inc.severity.upper()} {inc.symptom}: {top.rule.title}",
              f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
              "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:4]),

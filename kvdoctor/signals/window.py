@@ -308,7 +308,7 @@ class Window:
     def _tpot_steps(self) -> tuple[np.ndarray, np.ndarray]:
         from ..engines.rates import histogram_delta, histogram_quantile
 
-        _, running = self.engine("requests_running")
+        t, running = self.engine("requests_running")
         _, secs = self.engine("decode_seconds_total")
         _, toks = self.engine("generation_tokens_total")
         empty = (np.array([]), np.array([]))
@@ -323,7 +323,6 @@ class Window:
             if not rows:
                 return empty
             snap = dict(rows)  # time -> histogram snapshot
-            t, _ = self.engine("requests_running")
             tpot = np.full(len(t) - 1, np.nan)
             for i in range(len(t) - 1):
                 a, b = snap.get(t[i]), snap.get(t[i + 1])
