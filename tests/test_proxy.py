@@ -351,7 +351,7 @@ def test_error_statuses(status, err, expect):
     assert r.ttft_s is None and r.output_tokens is None
 
 
-def _relay_once(payload: bytes, body: bytes | None = None) -> ListSink:
+def _relay_once(payload: bytes, body: bytes | None = None, headers: dict | None = None) -> ListSink:
     """One chat request (CHAT_BODY, else these raw bytes) through the proxy to a raw upstream
     that answers ``payload``; the client must get it byte for byte. Returns the proxy's sink."""
     async def main():
@@ -360,11 +360,21 @@ def _relay_once(payload: bytes, body: bytes | None = None) -> ListSink:
             async with Started(make_proxy_app(up, sink)) as px:
                 async with aiohttp.ClientSession() as s:
                     kw = {"data": body} if body is not None else {"json": CHAT_BODY}
-                    async with s.post(px + "/v1/chat/completions", **kw) as r:
+                    async with s.post(px + "/v1/chat/completions", headers=headers, **kw) as r:
                         assert await r.read() == payload
         return sink
 
     return run(main())
+
+
+def test_client_request_id_is_the_record_id():
+    payload = _chat_events(["a ", "b "])
+    (r,) = _relay_once(payload, headers={"X-Request-Id": "cli-42.a"}).records
+    assert r.request_id == "cli-42.a"
+    # an id that is not a plain token (spaces, control bytes, too long) gets a random one
+    for bad in ("two words", "x" * 200):
+        (r,) = _relay_once(payload, headers={"X-Request-Id": bad}).records
+        assert r.request_id != bad and len(r.request_id) == 16
 
 
 def test_stream_error_event_marks_error():

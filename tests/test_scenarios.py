@@ -62,26 +62,27 @@ def test_scenario_names_its_cause(scenario_run, name):
         unrelated = fired - RELATED[expect]
         assert not unrelated, f"{name}: unrelated rules fired {unrelated}:\n{report}"
 
-    # the capture's latencies are the client's, seen from the proxy: same requests, same numbers
+    # the capture's latencies are the client's, seen from the proxy: same requests, same numbers.
+    # Paired per request by the client's X-Request-Id, never by percentiles of a distribution
+    # (clustered TTFTs put two medians on either side of a gap although every request agrees).
     cap = kvdoctor.load(out)
-    ok = cap.requests.strings("status")
-    ttft = cap.requests.num("ttft_s")[[s == "ok" for s in ok]]
-    client_ttft = _client(timings, "ttft_s")
-    assert len(ttft) == len(client_ttft), "every successful client request is in the capture"
-    # proxy-side TTFT excludes only the proxy hop itself (per-request agreement: test_attach)
-    assert _same_percentile(ttft, client_ttft, 50, 0.010)
-    assert _same_percentile(ttft, client_ttft, 99, 0.020)
+    d_ttft = paired_differences(cap, timings, "ttft_s")
+    assert len(d_ttft) == len(_client(timings, "ttft_s")), "every successful client request is in the capture"
+    # the proxy sees the first chunk one loopback hop before the client does
+    assert np.median(np.abs(d_ttft)) < 0.010, d_ttft
+    # most within a few ms; a busy 2-core machine can hold one thread for a scheduler slice
+    assert np.percentile(np.abs(d_ttft), 90) < 0.030, d_ttft
 
 
-def _same_percentile(proxy: np.ndarray, client: np.ndarray, q: float, tol_s: float) -> bool:
-    """The proxy's q-th percentile is the client's, within ``tol_s``, allowing one request to
-    have crossed it: turn latencies come in clusters (turn 1 ~0.4 s, later turns ~1 s), so one
-    request timed a little differently near the median can move the median by a whole gap."""
-    c = np.sort(client)
-    k = (len(c) - 1) * q / 100
-    lo, hi = c[max(int(np.floor(k)) - 1, 0)], c[min(int(np.ceil(k)) + 1, len(c) - 1)]
-    p = np.percentile(proxy, q)
-    return bool(lo - tol_s <= p <= hi + tol_s)
+def paired_differences(cap, timings, attr: str) -> np.ndarray:
+    """capture minus client, for each successful request both saw (joined by request id)."""
+    ids = cap.requests.strings("request_id")
+    vals = cap.requests.num(attr)
+    status = cap.requests.strings("status")
+    mine = {i: v for i, v, s in zip(ids, vals, status) if s == "ok" and not np.isnan(v)}
+    pairs = [(mine[t.request_id], getattr(t, attr)) for t in timings
+             if t.status == "ok" and getattr(t, attr) is not None and t.request_id in mine]
+    return np.array([a - b for a, b in pairs])
 
 
 def test_multi_turn_evidence_matches_client(scenario_run):

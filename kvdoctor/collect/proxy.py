@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -138,6 +139,18 @@ def _is_rejection(http_status: int, message: str | None, err_type: str | None) -
     return any(w in text for w in _CONTEXT_WORDS)
 
 
+#: an id we keep verbatim: short, printable, no spaces (anything else gets a random id)
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def client_request_id(value: str | None) -> str | None:
+    """The client's ``X-Request-Id`` (the header vLLM and most gateways honour) when it is a
+    plain token; ``None`` otherwise, so an odd header can never break a record."""
+    if value and _CLIENT_ID.fullmatch(value):
+        return value
+    return None
+
+
 def _pct(sorted_xs: list[float], q: float) -> float:
     """Linear-interpolated percentile of a sorted list (numpy's default method), no numpy."""
     pos = (len(sorted_xs) - 1) * q / 100.0
@@ -160,7 +173,7 @@ class _Analysis:
     __slots__ = ("saw_done", "kind", "arrival_s", "store_text", "http_status", "sse", "first_s", "last_s",
                  "finish_s", "itl", "n_content", "usage", "timings", "model", "stream_error",
                  "rep", "out_parts", "_buf", "_crlf", "_body", "_body_len", "status",
-                 "note")
+                 "note", "client_id")
 
     def __init__(self, kind: str, arrival_s: float, store_text: bool) -> None:
         self.kind = kind
@@ -188,6 +201,8 @@ class _Analysis:
         #: set by the handler: "cancelled" (client left), "error" (upstream broke)
         self.status: str | None = None
         self.note: str | None = None
+        #: the client's own id for the request (X-Request-Id), kept so records join the client's logs
+        self.client_id: str | None = None
 
     # ---------------------------------------------------------------- response start
     def start(self, http_status: int, content_type: str) -> None:
@@ -395,7 +410,7 @@ class _Analysis:
         itl = [round(x, 6) for x in self.itl] if self.itl else None
         srt = sorted(itl) if itl else None
         rec = RequestRecord(
-            request_id=os.urandom(8).hex(),
+            request_id=self.client_id or os.urandom(8).hex(),
             arrival_s=arrival,
             first_token_s=first,
             finish_s=finish,
@@ -512,6 +527,7 @@ class _Proxy:
         if kind is not None:
             try:
                 an = _Analysis(kind, arrival, self.store_text)
+                an.client_id = client_request_id(request.headers.get("X-Request-Id"))
                 self.stats["analysed"] += 1
             except Exception as e:  # noqa: BLE001
                 self._fail(None, "init", e)

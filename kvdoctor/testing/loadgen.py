@@ -122,6 +122,7 @@ async def _stream_chat(session: aiohttp.ClientSession, url: str, req: ChatReques
     send = clock.now()
     try:
         async with session.post(url.rstrip("/") + "/v1/chat/completions", json=body,
+                                headers={"X-Request-Id": req.request_id},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             http_status = resp.status
             if resp.status != 200:
