@@ -21,3 +21,23 @@ def run_cli():
         return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, check=check, env=env, **kw)
 
     return run
+
+
+# ---------------------------------------------------------------- time per test file
+# scripts/test prints its setup stages; this prints each test file's share of the run (setup,
+# call and teardown, module fixtures such as a real server included), so a slow or stuck group
+# is visible in CI's log.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("time per test file")
+    for path, secs in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{secs:8.1f} s  {path}")
