@@ -41,3 +41,26 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("time per test file")
     for path, secs in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{secs:8.1f} s  {path}")
+
+
+def poll(check, timeout_s: float = 30.0, what: str = "condition", every_s: float = 0.25):
+    """Wait until ``check()`` returns something truthy and return it; fail naming ``what``.
+    Tests on real servers wait for a state, never for a fixed time: a busy machine is slower."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = check()
+        except Exception:  # noqa: BLE001 - not ready yet (connection refused, file absent, ...)
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)
+
+
+@pytest.fixture
+def wait_for():
+    return poll

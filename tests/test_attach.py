@@ -85,14 +85,15 @@ def _get(url, token=None):
         return r.status, r.read().decode()
 
 
-def test_capture_matches_client_and_endpoints_serve(server, tmp_path):
+def test_capture_matches_client_and_endpoints_serve(server, tmp_path, wait_for):
     proc, cap, api, proxy = _attach(server, tmp_path, "--token", "s3cret")
     try:
         reqs = loadgen.short_prompts(8, max_tokens=24)
         timings = asyncio.run(loadgen.run_load(proxy, reqs, concurrency=2))
-        time.sleep(2.5)
-        status, body = _get(f"{api}/metrics", "s3cret")
-        assert status == 200 and 'kvdoctor_ttft_seconds{quantile="0.99"}' in body
+        body = wait_for(lambda: (lambda b: b if 'kvdoctor_ttft_seconds{quantile="0.99"}' in b else None)(
+            _get(f"{api}/metrics", "s3cret")[1]), what="TTFT quantiles on /metrics")
+        wait_for(lambda: json.loads(_get(f"{api}/healthz")[1])["records"].get("engine", 0) >= 2,
+                 what="two scrapes of the server")
         assert "kvdoctor_requests_total" in body
         with pytest.raises(urllib.error.HTTPError) as e:
             _get(f"{api}/metrics")
@@ -122,10 +123,11 @@ def test_capture_matches_client_and_endpoints_serve(server, tmp_path):
     assert "prompt_text" not in (cap / "requests-000001.jsonl").read_text()
 
 
-def test_sigkill_leaves_a_readable_capture(server, tmp_path):
+def test_sigkill_leaves_a_readable_capture(server, tmp_path, wait_for):
     proc, cap, _, proxy = _attach(server, tmp_path)
     asyncio.run(loadgen.run_load(proxy, loadgen.short_prompts(4, max_tokens=8), concurrency=2))
-    time.sleep(1.5)
+    wait_for(lambda: len(kvdoctor.load(cap).requests) == 4 and len(kvdoctor.load(cap).engine.time_s) >= 1,
+             what="4 requests and a scrape written to the capture")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     c = kvdoctor.load(cap)  # must not raise
@@ -161,18 +163,20 @@ def test_incident_reaches_webhook_and_otlp(server, tmp_path):
     assert "kvdoctor.incident.opened" in names
 
 
-def test_server_restart_is_survived(tmp_path):
+def test_server_restart_is_survived(tmp_path, wait_for):
+    def scrape_ok(ok):
+        return lambda: json.loads(_get(f"{api}/healthz")[1])["sources"]["scrape"]["ok"] is ok
+
     with LlamaServer(n_ctx=1024, parallel=1) as srv:
         proc, cap, api, _ = _attach(srv, tmp_path, proxy=False)
         try:
-            time.sleep(2.5)
+            wait_for(scrape_ok(True), what="the first scrape")
             srv.stop()
-            time.sleep(3)
+            wait_for(scrape_ok(False), what="the scrape to see the server gone")
             assert proc.poll() is None, "kvdoctor must not exit when the server goes away"
             srv.start()
-            time.sleep(3.5)
-            health = json.loads(_get(f"{api}/healthz")[1])
-            assert health["sources"]["scrape"]["ok"] is True
+            wait_for(scrape_ok(True), what="scraping to resume after the restart")
+            time.sleep(2.5)  # a few more scrapes after the restart
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)

@@ -313,18 +313,31 @@ def fleet_stack():
             _wait(url + "/-/ready")
             _wait(f"http://127.0.0.2:{side_port}/healthz")
 
+            def sidecar_opened():
+                with urllib.request.urlopen(f"http://127.0.0.2:{side_port}/healthz", timeout=5) as r:
+                    return json.loads(r.read())["open_incidents"] > 0
+
             def load():
+                # at least 110 s of load, then until the sidecar's live rules have opened an incident
+                # (20 finished requests + a 30 s hold: slower on a busy machine), 300 s at most
                 async def both():
-                    await asyncio.gather(
-                        run_load(f"http://127.0.0.2:{proxy_port}", long_prompts(400, tokens=300, max_tokens=48),
-                                 concurrency=8, timeout_s=120, max_duration_s=110),
-                        run_load(cool.url, short_prompts(60, max_tokens=16), concurrency=1, arrival_rate_per_s=0.3,
-                                 timeout_s=120, max_duration_s=110))
+                    task = asyncio.ensure_future(asyncio.gather(
+                        run_load(f"http://127.0.0.2:{proxy_port}", long_prompts(800, tokens=300, max_tokens=48),
+                                 concurrency=8, timeout_s=120, max_duration_s=300),
+                        run_load(cool.url, short_prompts(120, max_tokens=16), concurrency=1, arrival_rate_per_s=0.3,
+                                 timeout_s=120, max_duration_s=300)))
+                    t0 = time.monotonic()
+                    while not task.done():
+                        await asyncio.sleep(2)
+                        if time.monotonic() - t0 >= 110 and await asyncio.to_thread(sidecar_opened):
+                            break
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
                 asyncio.run(both())
 
             th = threading.Thread(target=load, daemon=True)
             th.start()
-            th.join(timeout=200)
+            th.join(timeout=360)
             time.sleep(3)  # last scrapes
             yield {"url": url, "hot": f"127.0.0.2:{hot.port}", "cool": f"127.0.0.3:{cool.port}", "tmp": tmp,
                    "sidecar": f"127.0.0.2:{side_port}"}
