@@ -155,3 +155,80 @@ def test_fix_unless_leaves_out_a_fix_the_evidence_rules_out(tmp_path, run_cli):
     (bad / "kv-growth-per-turn.yaml").write_text(text)
     with pytest.raises(RuleError, match=r"fixes\[0\]\.unless"):
         load_rules([bad])
+
+
+def test_not_of_unknown_is_unknown():
+    """Kleene's three-valued logic: `not` of a NaN signal stays unknown, so a rule cannot fire
+    on the absence of data; all/any are decided by a known false/true child alone."""
+    known = set(REGISTRY)
+    nan = {"ttft_p99_s": math.nan, "ttft_p50_s": 1.0, "errors": 0.0}.__getitem__
+    neg = C.parse({"not": "ttft_p99_s > 2 * ttft_p50_s"}, "x", known, {})
+    assert C.evaluate3(neg, nan, {}, {}) is None
+    assert not C.evaluate(neg, nan, {}, {})
+    assert C.evaluate3(neg, {"ttft_p99_s": 1.0, "ttft_p50_s": 1.0}.__getitem__, {}, {}) is True
+    both = C.parse({"all": ["errors >= 1", "ttft_p99_s > 1"]}, "x", known, {})
+    assert C.evaluate3(both, nan, {}, {}) is False  # a known false decides an all
+    either = C.parse({"any": ["errors < 1", "ttft_p99_s > 1"]}, "x", known, {})
+    assert C.evaluate3(either, nan, {}, {}) is True  # a known true decides an any
+    undecided = C.parse({"any": ["errors >= 1", "ttft_p99_s > 1"]}, "x", known, {})
+    assert C.evaluate3(undecided, nan, {}, {}) is None
+    assert C.unknown_signals(undecided, nan, {}, {}) == ["ttft_p99_s"]
+    assert C.unknown_signals(either, nan, {}, {}) == []
+
+
+def _shifted(cap, dt_s):
+    from kvdoctor.model import RequestRecord
+
+    rows = cap.requests.table.to_pylist()
+    for r in rows:
+        for k in ("arrival_s", "first_token_s", "finish_s"):
+            if r.get(k) is not None:
+                r[k] += dt_s
+    return [RequestRecord(**{k: v for k, v in r.items() if v is not None}) for r in rows]
+
+
+def test_suppression_only_between_overlapping_incidents():
+    """tail-latency is suppressed by queueing-saturation only where both hold at once: a heavy
+    tail early in a capture and a queue an hour later are two incidents, not one rule hiding
+    the other across the whole capture."""
+    import kvdoctor
+    from kvdoctor.capture.memory import from_records
+    from kvdoctor.diagnosis import diagnose
+
+    from conftest import CASES
+
+    tail, queue = kvdoctor.load(CASES / "tail"), kvdoctor.load(CASES / "queueing")
+    rules = load_rules()
+    fired = lambda d: {c.rule.id for i in d.incidents for c in i.causes}  # noqa: E731
+    assert "queueing-saturation" in fired(diagnose(queue, rules))
+    assert "tail-latency" in fired(diagnose(tail, rules))
+    gap_s = 3600.0
+    later = _shifted(queue, _shifted(tail, 0)[-1].finish_s + gap_s - queue.requests.num("arrival_s")[0])
+    both = diagnose(from_records(tail.meta, requests=_shifted(tail, 0) + later), rules)
+    by_rule = {c.rule.id: i for i in both.incidents for c in i.causes}
+    assert {"tail-latency", "queueing-saturation"} <= set(by_rule)
+    assert by_rule["tail-latency"].end_s < by_rule["queueing-saturation"].start_s
+    # where they overlap, the specific cause hides the generic one
+    assert "tail-latency" not in fired(diagnose(queue, [r for r in rules if r.id in ("tail-latency", "queueing-saturation")]))
+
+
+def _rule_case_paths():
+    from kvdoctor.diagnosis.selftest import resolve_case
+
+    rules = load_rules()
+    return sorted({resolve_case(r, c) for r in rules for c in (*r.tests_fire, *r.tests_no_fire)} - {None})
+
+
+@pytest.mark.parametrize("path", _rule_case_paths(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_live_and_offline_give_the_same_incidents(path):
+    """attach's live path, replayed at diagnose's evaluation instants over a rule case, opens
+    the same incidents (symptom and rules) as diagnose finds offline."""
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+    from kvdoctor.diagnosis.live import replay
+
+    rules = load_rules()
+    cap = kvdoctor.load(path)
+    offline = sorted((i.symptom, sorted(c.rule.id for c in i.causes)) for i in diagnose(cap, rules).incidents)
+    live = sorted((i.symptom, sorted(i.rules_seen)) for i in replay(cap, rules))
+    assert live == offline
