@@ -232,3 +232,63 @@ def test_live_and_offline_give_the_same_incidents(path):
     offline = sorted((i.symptom, sorted(c.rule.id for c in i.causes)) for i in diagnose(cap, rules).incidents)
     live = sorted((i.symptom, sorted(i.rules_seen)) for i in replay(cap, rules))
     assert live == offline
+
+
+def test_every_rule_proven_on_real_data_or_marked_experimental():
+    """A rule with no must-fire case from a real server or public real data carries
+    `status: experimental`, and a proven one does not. What is real is read from each capture's
+    meta.json (origin, server, attribution), not from a list here; `kvdoctor rules test`
+    checks that those cases do fire."""
+    from kvdoctor.diagnosis.selftest import proof
+
+    for r in load_rules():
+        assert bool(proof(r)) != r.experimental, (
+            f"{r.id}: " + (f"proven by {proof(r)}: drop `status: experimental`" if proof(r) else
+                           "no real must-fire case: add one to tests.fire or mark it `status: experimental`"))
+
+
+def test_case_source_reads_where_a_capture_came_from(tmp_path):
+    from kvdoctor.diagnosis.selftest import PUBLIC_DATA, REAL_SERVER, SIMULATED, UNKNOWN, case_source
+
+    from conftest import CASES, ROOT
+
+    assert case_source(CASES / "queueing") == SIMULATED
+    assert case_source(ROOT / "samples" / "healthy") == REAL_SERVER
+    assert case_source(ROOT / "samples" / "aibrix-qps-4.1") == PUBLIC_DATA
+    shutil.copytree(ROOT / "samples" / "aibrix-qps-4.1", tmp_path / "c")
+    meta = tmp_path / "c" / "meta.json"
+    meta.write_text(meta.read_text().replace('"attribution"', '"x_attribution"'))
+    assert case_source(tmp_path / "c") == UNKNOWN  # an import without attribution proves nothing
+
+
+def test_experimental_rule_is_marked_wherever_it_is_named(run_cli, tmp_path):
+    """tail-latency (simulated cases only) is named with 'proven only on simulated data' in the
+    summary, the full text, Markdown, JSON, the HTML report and the live incident text."""
+    from conftest import CASES
+
+    from kvdoctor.report.summary import live_incident_text
+
+    rules = tmp_path / "r"
+    rules.mkdir()
+    text = (builtin_rules_dir() / "tail-latency.yaml").read_text()
+    if "status: experimental" not in text:
+        text = text.replace("severity: info\n", "severity: info\nstatus: experimental\n")
+    (rules / "tail-latency.yaml").write_text(text)
+    note = "proven only on simulated data"
+    for args in (["summary"], ["diagnose"], ["diagnose", "--format", "markdown"]):
+        r = run_cli(*args, CASES / "tail", "--rules", rules)
+        assert r.returncode == 0, r.stderr
+        assert f"tail-latency" in r.stdout and note in r.stdout, (args, r.stdout)
+    js = run_cli("diagnose", CASES / "tail", "--rules", rules, "--format", "json")
+    cause = next(c for i in __import__("json").loads(js.stdout)["incidents"] for c in i["causes"] if c["rule"] == "tail-latency")
+    assert cause["status"] == "experimental"
+    html = run_cli("report", CASES / "tail", "--rules", rules, "-o", tmp_path / "r.html")
+    assert html.returncode == 0 and note in (tmp_path / "r.html").read_text()
+    import kvdoctor
+    from kvdoctor.diagnosis.live import replay
+
+    inc = next(i for i in replay(kvdoctor.load(CASES / "tail"), load_rules([rules])) if i.top.rule.id == "tail-latency")
+    assert note in live_incident_text(inc, "opened", None) and note in live_incident_text(inc, "closed", None)
+    # a stable rule is not marked
+    plain = run_cli("summary", CASES / "queueing")
+    assert "queueing-saturation" in plain.stdout and note not in plain.stdout

@@ -39,12 +39,12 @@ def list_rules(rules_dirs, fmt):
     """One line per rule: id, severity, symptom, title."""
     rules = _load(rules_dirs)
     if fmt == "json":
-        click.echo(orjson.dumps([{"id": r.id, "title": r.title, "severity": r.severity, "symptom": r.symptom,
+        click.echo(orjson.dumps([{"id": r.id, "title": r.title, "severity": r.severity, "status": r.status, "symptom": r.symptom,
                                   "for_s": r.for_s, "path": str(r.path)} for r in rules], option=orjson.OPT_INDENT_2).decode())
         return
     width = max(len(r.id) for r in rules)
     for r in rules:
-        click.echo(f"{r.id:<{width}}  {r.severity:<8}  {r.symptom:<11}  {r.title}")
+        click.echo(f"{r.id:<{width}}  {r.severity:<8}  {r.symptom:<11}  {r.title}{r.tag}")
 
 
 @command.command("show")

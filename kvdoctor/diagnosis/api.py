@@ -90,6 +90,7 @@ class Diagnosis:
                 {
                     "rule": c.rule.id,
                     "title": c.rule.title,
+                    "status": c.rule.status,  # experimental: proven only on simulated data
                     "cause": c.cause,
                     "confidence": round(c.confidence, 3),
                     "evidence": {name: {"value": _num(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},

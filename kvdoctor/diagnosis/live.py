@@ -53,7 +53,7 @@ class LiveIncident:
             "id": self.id, "symptom": self.symptom, "severity": self.severity, "title": self.top.rule.title,
             "open": self.open, "start_s": self.opened_s, "last_s": self.last_s, "end_s": self.closed_s,
             "impact": self.impact,
-            "causes": [{"rule": c.rule.id, "cause": c.cause, "confidence": c.confidence,
+            "causes": [{"rule": c.rule.id, "status": c.rule.status, "cause": c.cause, "confidence": c.confidence,
                         "evidence": {k: (None if v != v else v) for k, v in c.evidence.items()},
                         "fixes": [{"title": f.title, "knobs": f.knobs} for f in c.fixes]} for c in self.causes],
         }

@@ -3,6 +3,12 @@
 A case passes when, diagnosing the capture with the whole rule set (so suppression and
 ranking apply as for a user), the rule is (fire) or is not (no_fire) among the causes of an
 incident. Each capture is diagnosed once however many rules name it.
+
+A rule is *proven* when one of its must-fire captures is real: recorded by kvdoctor against a
+running server (``attach``, ``quality``: meta.origin with a server URL) or imported from public
+real data with its attribution (``import:*``). The capture's own meta says which, so adding a
+real case to a rule's ``tests.fire`` is what proves it; a rule that is not proven carries
+``status: experimental`` (checked by tests/test_rules.py).
 """
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..capture import load
+from ..capture.reader import load_meta
 from .api import diagnose
 from .rules import Rule
 
@@ -37,6 +44,36 @@ def resolve_case(rule: Rule, case: str) -> Path | None:
         if cand.exists():
             return cand
     return None
+
+
+REAL_SERVER, PUBLIC_DATA, SIMULATED, UNKNOWN = "real server", "public real data", "simulated", "unknown"
+
+
+def case_source(path: Path) -> str:
+    """Where a test capture's numbers came from, read from its meta.json."""
+    try:
+        meta = load_meta(path)
+    except Exception:  # unreadable: proves nothing (the case itself fails in run())
+        return UNKNOWN
+    origin = meta.origin or ""
+    if origin in ("attach", "quality") and meta.server:
+        return REAL_SERVER
+    if origin.startswith("import:") and meta.attribution:
+        return PUBLIC_DATA
+    if origin == "simulate":
+        return SIMULATED
+    return UNKNOWN
+
+
+def proof(rule: Rule) -> list[tuple[str, str]]:
+    """(case, source) for each must-fire case that is real: empty for an unproven rule."""
+    out = []
+    for case in rule.tests_fire:
+        path = resolve_case(rule, case)
+        src = case_source(path) if path is not None else UNKNOWN
+        if src in (REAL_SERVER, PUBLIC_DATA):
+            out.append((case, src))
+    return out
 
 
 def run(rules: list[Rule], only: set[str] | None = None) -> list[CaseResult]:

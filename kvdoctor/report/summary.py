@@ -110,13 +110,13 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
             f"[{n}] {inc.severity.upper()} {inc.symptom} · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})",
             f"What: {top.rule.title}",
             f"Impact: {_impact(inc)}",
-            f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
+            f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
             "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:max_evidence]),
             f"First fix: {top.fixes[0].title}",
         ]
         lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, engine)]
         if len(inc.causes) > 1:
-            lines.append("Also considered: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%})" for c in inc.causes[1:4]))
+            lines.append("Also considered: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%}){c.rule.tag}" for c in inc.causes[1:4]))
     return "\n".join(lines) + "\n"
 
 
@@ -142,7 +142,7 @@ def full_text(diag: Diagnosis) -> str:
                       f"{diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})",
                   f"  impact: {_impact(inc)}"]
         for rank, c in enumerate(inc.causes, 1):
-            lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}): {c.rule.title}")
+            lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}): {c.rule.title}{c.rule.tag}")
             lines.append(f"     cause: {c.cause}")
             for k, v in c.evidence.items():
                 lines.append(f"     - {_evidence_line(k, v)}")
@@ -162,7 +162,7 @@ def markdown(diag: Diagnosis) -> str:
         out += [f"## {n}. {top.rule.title}", "",
                 f"**{inc.severity}** · symptom `{inc.symptom}` · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} · {_impact(inc)}", "",
                 "| rank | rule | confidence | cause |", "|---|---|---|---|"]
-        out += [f"| {i} | `{c.rule.id}` | {c.confidence:.0%} | {c.cause} |" for i, c in enumerate(inc.causes, 1)]
+        out += [f"| {i} | `{c.rule.id}`{c.rule.tag} | {c.confidence:.0%} | {c.cause} |" for i, c in enumerate(inc.causes, 1)]
         out += ["", "**Evidence**", ""] + [f"- `{k}` = {fmt(v, REGISTRY[k].unit)}" for k, v in top.evidence.items()]
         out += ["", "**Fixes, in order**", ""]
         for f in top.fixes:
@@ -176,13 +176,13 @@ def live_incident_text(inc, what: str, engine: str | None) -> str:
     """A live incident as the sidecar prints it and posts it to a webhook (Slack text)."""
     top = inc.top
     if what == "closed":
-        return (f"RESOLVED #{inc.id} {inc.symptom}: {top.rule.title} "
+        return (f"RESOLVED #{inc.id} {inc.symptom}: {top.rule.title}{top.rule.tag} "
                 f"(open {duration_text((inc.closed_s or inc.last_s) - inc.opened_s)})")
     lines = [f"INCIDENT #{inc.id} {inc.severity.upper()} {inc.symptom}: {top.rule.title}",
-             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
+             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
              "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:4]),
              f"First fix: {top.fixes[0].title}"]
     lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, ENGINE_KNOB.get((engine or "").lower()))]
     if len(inc.causes) > 1:
-        lines.append("Also: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%})" for c in inc.causes[1:4]))
+        lines.append("Also: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%}){c.rule.tag}" for c in inc.causes[1:4]))
     return "\n".join(lines)
