@@ -292,3 +292,51 @@ def test_experimental_rule_is_marked_wherever_it_is_named(run_cli, tmp_path):
     # a stable rule is not marked
     plain = run_cli("summary", CASES / "queueing")
     assert "queueing-saturation" in plain.stdout and note not in plain.stdout
+
+
+def test_rules_that_cannot_fire_are_listed_with_what_they_lack(run_cli):
+    """An import without the context limit (Mooncake trace) cannot run prompt-length-tail: the
+    text, Markdown and JSON say so and name the fix (--max-model-len); with it, the rule is
+    evaluated. Engine info in a capture wins over the option, with a warning."""
+    import json
+
+    from conftest import ROOT
+
+    cap = ROOT / "samples" / "mooncake-conversation"
+    js = json.loads(run_cli("diagnose", cap, "--format", "json").stdout)
+    ne = {n["rule"]: n for n in js["not_evaluated"]}
+    assert ne["prompt-length-tail"]["missing"] == ["prompt_p99_over_limit"]
+    assert "--max-model-len" in ne["prompt-length-tail"]["needs"][0]
+    assert js["capture"]["context_limit"] is None
+    for args in (["diagnose"], ["summary"], ["diagnose", "--format", "markdown"]):
+        out = run_cli(*args, cap).stdout
+        assert "not evaluated:" in out and "prompt-length-tail" in out.split("not evaluated:")[1], (args, out)
+    given = json.loads(run_cli("diagnose", cap, "--format", "json", "--max-model-len", "131072").stdout)
+    assert "prompt-length-tail" not in {n["rule"] for n in given["not_evaluated"]}
+    assert given["capture"]["context_limit"] == {"tokens": 131072, "source": "--max-model-len"}
+    # the model table stands in for an import that names its model (AIBrix: Llama-3.1-8B)
+    aibrix = json.loads(run_cli("diagnose", ROOT / "samples" / "aibrix-qps-4.1", "--format", "json").stdout)
+    assert aibrix["capture"]["context_limit"]["tokens"] == 131072
+    assert "model table" in aibrix["capture"]["context_limit"]["source"]
+    assert "prompt-length-tail" not in {n["rule"] for n in aibrix["not_evaluated"]}
+    # a real llama.cpp capture records its n_ctx: that wins
+    real = json.loads(run_cli("diagnose", ROOT / "samples" / "healthy", "--format", "json", "--max-model-len", "99").stdout)
+    assert real["capture"]["context_limit"]["tokens"] == 2048
+    assert any("--max-model-len 99 ignored" in w for w in real["capture"]["warnings"])
+
+
+def test_not_evaluated_only_where_a_source_is_missing():
+    """A rule whose symptom could still hold on the signals present is evaluated (queueing on a
+    simulated capture without the engine's waiting gauge); one whose every path needs an absent
+    source is listed (kv-fragmentation without KV usage); fired rules never are."""
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+
+    from conftest import CASES
+
+    d = diagnose(kvdoctor.load(CASES / "leak"), load_rules())
+    listed = {n.rule: n for n in d.not_evaluated}
+    assert "queueing-saturation" not in listed
+    assert listed["kv-fragmentation"].needs == ("KV cache usage (engine /metrics)",)
+    frag = diagnose(kvdoctor.load(CASES / "fragmentation"), load_rules())
+    assert "kv-fragmentation" not in {n.rule for n in frag.not_evaluated}

@@ -118,6 +118,19 @@ def evaluate3(cond: Cond, value: Callable[[str], float], slo: dict[str, float],
     return OPS[cond.op](lhs, cond.factor * rhs)
 
 
+def can_hold(cond: Cond, value: Callable[[str], float], slo: dict[str, float]) -> bool:
+    """Whether the condition could be true on some window of this data: a leaf whose signal is
+    unknown (or whose SLO was not given) never can; a leaf on known signals might."""
+    if isinstance(cond, Leaf):
+        if cond.rhs.startswith("slo.") and cond.rhs[4:] not in slo:
+            return False
+        return not any(math.isnan(value(s)) for s in cond.signals())
+    if cond.kind == "not":  # not(unknown) stays unknown: possible only on fully known input
+        return all(not math.isnan(value(s)) for s in cond.signals())
+    parts = [can_hold(c, value, slo) for c in cond.children]
+    return all(parts) if cond.kind == "all" else any(parts)
+
+
 def unknown_signals(cond: Cond, value: Callable[[str], float], slo: dict[str, float],
                     params: dict[str, float]) -> list[str]:
     """The signals whose unknown values leave the condition unknown, in rule order: those of

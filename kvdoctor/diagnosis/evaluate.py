@@ -31,6 +31,8 @@ class Options:
     lookback_s: float = 300.0
     step_s: float = 60.0
     slo: dict[str, float] = field(default_factory=dict)
+    #: the server's context limit where the capture lacks it (--max-model-len)
+    max_model_len_tokens: float | None = None
 
 
 @dataclass(frozen=True)
