@@ -340,3 +340,71 @@ def test_not_evaluated_only_where_a_source_is_missing():
     assert listed["kv-fragmentation"].needs == ("KV cache usage (engine /metrics)",)
     frag = diagnose(kvdoctor.load(CASES / "fragmentation"), load_rules())
     assert "kv-fragmentation" not in {n.rule for n in frag.not_evaluated}
+
+
+def test_corpus_labels_are_written_from_the_raw_files(tmp_path):
+    """tests/labels.yaml is exactly what scripts/label-corpus computes from the source files
+    (client timings, public CSV/JSON), so no label was edited by hand or read off kvdoctor."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "labels.yaml"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "label-corpus"), "--out", str(out), "--no-docs"],
+                   check=True, capture_output=True, cwd=tmp_path)
+    assert yaml.safe_load(out.read_text()) == yaml.safe_load((ROOT / "tests" / "labels.yaml").read_text())
+    corpus = yaml.safe_load(out.read_text())["corpus"]
+    assert all(e["figures"] and all(isinstance(v, str) and v for v in e["causes"].values()) for e in corpus)
+
+
+def test_rules_test_table_scores_rules_against_labels(run_cli, tmp_path):
+    """Precision and recall come from the labels and what fired: a label no rule covers is a
+    miss; a rule firing on an unlabelled capture is a false positive; an imported public file
+    is read as `kvdoctor import` would."""
+    import json
+
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+
+    from conftest import CASES, ROOT
+
+    corpus = tmp_path / "labels.yaml"
+    corpus.write_text(yaml.safe_dump({"corpus": [
+        {"name": "q", "capture": str(CASES / "queueing"), "causes": {"queueing-saturation": "sim"}},
+        {"name": "h", "capture": str(CASES / "healthy"), "causes": {"no-such-rule": "x"}},
+        {"name": "a", "import": {"format": "csv", "src": str(ROOT / "tests/data/traces/aibrix/naive_output_4.1.csv"),
+                                 "columns": {"arrival_s": "launch_time", "finish_s": "finish_time", "ttft_s": "ttft",
+                                             "prompt_tokens": "prompt_tokens", "output_tokens": "generation_tokens"},
+                                 "model": "Llama-3.1-8B", "attribution": "aibrix"},
+         "causes": {}},
+    ]}))
+    r = run_cli("rules", "test", "--format", "json", "--corpus", corpus)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    rules = {x["rule"]: x for x in got["rules"]}
+    fired = {c["name"]: set(c["fired"]) for c in got["captures"]}
+    assert fired["q"] == {c.rule.id for i in diagnose(kvdoctor.load(CASES / "queueing")).incidents for c in i.causes}
+    assert fired["a"], "the imported AIBrix 4.1 QPS run fires something"
+    for rid, s in rules.items():
+        labelled = {n for n, lab in (("q", {"queueing-saturation"}), ("h", {"no-such-rule"}), ("a", set())) if rid in lab}
+        hit = {n for n, f in fired.items() if rid in f}
+        assert set(s["tp"]) == labelled & hit and set(s["fp"]) == hit - labelled and set(s["fn"]) == labelled - hit
+        if hit:
+            assert s["precision"] == pytest.approx(len(labelled & hit) / len(hit))
+    assert rules["no-such-rule"]["has_rule"] is False and rules["no-such-rule"]["recall"] == 0
+    table = run_cli("rules", "test", "--format", "table", "--corpus", corpus).stdout
+    assert "`no-such-rule` (no rule)" in table and "| precision | recall |" in table
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("corpus: [{name: x, causes: {}}]\n")
+    r = run_cli("rules", "test", "--format", "table", "--corpus", bad)
+    assert r.returncode == 2 and "corpus[0]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_docs_rules_table_is_current(run_cli):
+    """docs/rules.md carries today's table; after changing rules or labels, run scripts/label-corpus."""
+    from conftest import ROOT
+
+    doc = (ROOT / "docs" / "rules.md").read_text()
+    table = doc.split("<!-- rules-table:start -->\n", 1)[1].split("<!-- rules-table:end -->", 1)[0]
+    assert table == run_cli("rules", "test", "--format", "table").stdout, "stale: run scripts/label-corpus"
