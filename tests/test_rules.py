@@ -408,3 +408,19 @@ def test_docs_rules_table_is_current(run_cli):
     doc = (ROOT / "docs" / "rules.md").read_text()
     table = doc.split("<!-- rules-table:start -->\n", 1)[1].split("<!-- rules-table:end -->", 1)[0]
     assert table == run_cli("rules", "test", "--format", "table").stdout, "stale: run scripts/label-corpus"
+
+
+def test_rule_cases_are_what_the_server_model_writes(tmp_path):
+    """The simulated rule cases are exactly make_cases.py's output (deterministic): none was
+    edited by hand, so every engine, GPU and quality number in them comes from its mechanism."""
+    import filecmp
+    import subprocess
+    import sys
+
+    from conftest import CASES
+
+    subprocess.run([sys.executable, str(CASES / "make_cases.py"), str(tmp_path)], check=True, capture_output=True)
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert made and made == sorted(p.relative_to(CASES) for p in CASES.rglob("*") if p.is_file() and p.parent != CASES)
+    differ = [str(p) for p in made if not filecmp.cmp(tmp_path / p, CASES / p, shallow=False)]
+    assert not differ, f"regenerate with python tests/rulecases/make_cases.py: {differ}"
