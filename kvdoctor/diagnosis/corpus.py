@@ -19,6 +19,7 @@ import yaml
 from ..capture import load
 from ..errors import InputError
 from .api import diagnose
+from .evaluate import Options
 from .rules import Rule
 
 
@@ -28,6 +29,8 @@ class Case:
     causes: dict[str, str]
     capture: Path | None = None
     importing: dict[str, Any] | None = None
+    #: the server's context limit where the capture lacks it (diagnose --max-model-len)
+    max_model_len: int | None = None
     fired: set[str] = field(default_factory=set)
     error: str = ""
 
@@ -36,6 +39,7 @@ class Case:
 class Score:
     rule: str
     has_rule: bool
+    experimental: bool = False
     tp: list[str] = field(default_factory=list)
     fp: list[str] = field(default_factory=list)
     fn: list[str] = field(default_factory=list)
@@ -73,7 +77,8 @@ def read_corpus(path: Path) -> list[Case]:
             raise InputError(f"{where} ({e['name']}): give exactly one of capture: (a folder) or import: (a file and format)")
         cases.append(Case(e["name"], dict(e.get("causes") or {}),
                           capture=at(e["capture"]) if "capture" in e else None,
-                          importing={**e["import"], "src": str(at(e["import"]["src"]))} if "import" in e else None))
+                          importing={**e["import"], "src": str(at(e["import"]["src"]))} if "import" in e else None,
+                          max_model_len=e.get("max_model_len")))
     return cases
 
 
@@ -100,13 +105,14 @@ def evaluate(cases: list[Case], rules: list[Rule]) -> list[Score]:
         for k, case in enumerate(cases):
             try:
                 path = case.capture if case.capture is not None else _import(case.importing, Path(tmp) / str(k))
-                diag = diagnose(load(path), rules)
+                diag = diagnose(load(path), rules, Options(max_model_len_tokens=case.max_model_len))
                 case.fired = {c.rule.id for inc in diag.incidents for c in inc.causes}
             except Exception as e:  # a broken case is reported, not a crash
                 case.error = f"{type(e).__name__}: {e}"
     ids = [r.id for r in rules]
     labels_only = sorted({c for case in cases for c in case.causes} - set(ids))
-    scores = {rid: Score(rid, rid in ids) for rid in ids + labels_only}
+    status = {r.id: r.experimental for r in rules}
+    scores = {rid: Score(rid, rid in ids, status.get(rid, False)) for rid in ids + labels_only}
     for case in cases:
         if case.error:
             continue
@@ -132,7 +138,7 @@ def table(scores: list[Score], cases: list[Case]) -> str:
            "", "| rule | labelled | fired | TP | FP | FN | precision | recall | false positives / misses |",
            "|---|---|---|---|---|---|---|---|---|"]
     for s in scores:
-        name = f"`{s.rule}`" if s.has_rule else f"`{s.rule}` (no rule)"
+        name = f"`{s.rule}`" + (" (no rule)" if not s.has_rule else " (experimental)" if s.experimental else "")
         wrong = ", ".join([f"+{n}" for n in s.fp] + [f"−{n}" for n in s.fn]) or ""
         out.append(f"| {name} | {len(s.tp) + len(s.fn)} | {len(s.tp) + len(s.fp)} | {len(s.tp)} | {len(s.fp)} | "
                    f"{len(s.fn)} | {_pct(s.precision)} | {_pct(s.recall)} | {wrong} |")
@@ -144,7 +150,7 @@ def table(scores: list[Score], cases: list[Case]) -> str:
 
 def to_json(scores: list[Score], cases: list[Case]) -> dict[str, Any]:
     return {
-        "rules": [{"rule": s.rule, "has_rule": s.has_rule, "tp": s.tp, "fp": s.fp, "fn": s.fn,
+        "rules": [{"rule": s.rule, "has_rule": s.has_rule, "experimental": s.experimental, "tp": s.tp, "fp": s.fp, "fn": s.fn,
                    "precision": s.precision, "recall": s.recall} for s in scores],
         "captures": [{"name": c.name, "labels": sorted(c.causes), "fired": sorted(c.fired), "error": c.error or None}
                      for c in cases],
