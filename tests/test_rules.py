@@ -1,6 +1,7 @@
 """Rules as data: schema checks with located errors, safe conditions, every shipped rule's cases."""
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -212,25 +213,28 @@ def test_suppression_only_between_overlapping_incidents():
     assert "tail-latency" not in fired(diagnose(queue, [r for r in rules if r.id in ("tail-latency", "queueing-saturation")]))
 
 
-def _rule_case_paths():
+def _rule_cases():
     from kvdoctor.diagnosis.selftest import resolve_case
 
     rules = load_rules()
-    return sorted({resolve_case(r, c) for r in rules for c in (*r.tests_fire, *r.tests_no_fire)} - {None})
+    return sorted({(str(resolve_case(r, c)), *c.split()[1:]) for r in rules for c in (*r.tests_fire, *r.tests_no_fire)
+                   if resolve_case(r, c) is not None})
 
 
-@pytest.mark.parametrize("path", _rule_case_paths(), ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_live_and_offline_give_the_same_incidents(path):
+@pytest.mark.parametrize("case", _rule_cases(), ids=lambda c: " ".join([Path(c[0]).parent.name + "/" + Path(c[0]).name, *c[1:]]))
+def test_live_and_offline_give_the_same_incidents(case):
     """attach's live path, replayed at diagnose's evaluation instants over a rule case, opens
     the same incidents (symptom and rules) as diagnose finds offline."""
     import kvdoctor
     from kvdoctor.diagnosis import diagnose
     from kvdoctor.diagnosis.live import replay
+    from kvdoctor.diagnosis.selftest import split_case
 
     rules = load_rules()
+    path, opts = split_case(" ".join(case))
     cap = kvdoctor.load(path)
-    offline = sorted((i.symptom, sorted(c.rule.id for c in i.causes)) for i in diagnose(cap, rules).incidents)
-    live = sorted((i.symptom, sorted(i.rules_seen)) for i in replay(cap, rules))
+    offline = sorted((i.symptom, sorted(c.rule.id for c in i.causes)) for i in diagnose(cap, rules, opts).incidents)
+    live = sorted((i.symptom, sorted(i.rules_seen)) for i in replay(cap, rules, opts))
     assert live == offline
 
 
@@ -424,3 +428,24 @@ def test_rule_cases_are_what_the_server_model_writes(tmp_path):
     assert made and made == sorted(p.relative_to(CASES) for p in CASES.rglob("*") if p.is_file() and p.parent != CASES)
     differ = [str(p) for p in made if not filecmp.cmp(tmp_path / p, CASES / p, shallow=False)]
     assert not differ, f"regenerate with python tests/rulecases/make_cases.py: {differ}"
+
+
+def test_a_case_can_give_the_context_limit(run_cli, tmp_path):
+    """A rule case may name --max-model-len for an import without the limit: the Mooncake trace
+    (public real data) then proves prompt-length-tail; a malformed option fails the case."""
+    from kvdoctor.diagnosis.selftest import PUBLIC_DATA, proof
+
+    from conftest import ROOT
+
+    d = tmp_path / "r"
+    d.mkdir()
+    text = (builtin_rules_dir() / "prompt-length-tail.yaml").read_text().replace(
+        "  fire: [", "  fire: [samples/mooncake-conversation --max-model-len 131072, ")
+    (d / "prompt-length-tail.yaml").write_text(text)
+    rule = next(r for r in load_rules([d]) if r.id == "prompt-length-tail")
+    assert ("samples/mooncake-conversation --max-model-len 131072", PUBLIC_DATA) in proof(rule)
+    ok = run_cli("rules", "test", "--rules", d, "--rule", "prompt-length-tail", "-v", cwd=ROOT)
+    assert ok.returncode == 0 and "ok   prompt-length-tail: samples/mooncake-conversation --max-model-len 131072" in ok.stdout
+    (d / "prompt-length-tail.yaml").write_text(text.replace("131072", "lots"))
+    bad = run_cli("rules", "test", "--rules", d, "--rule", "prompt-length-tail", cwd=ROOT)
+    assert bad.returncode == 1 and "expected PATH or PATH --max-model-len N" in bad.stdout
