@@ -449,3 +449,10 @@ def test_a_case_can_give_the_context_limit(run_cli, tmp_path):
     (d / "prompt-length-tail.yaml").write_text(text.replace("131072", "lots"))
     bad = run_cli("rules", "test", "--rules", d, "--rule", "prompt-length-tail", cwd=ROOT)
     assert bad.returncode == 1 and "expected PATH or PATH --max-model-len N" in bad.stdout
+
+
+def test_source_signals_named_for_not_evaluated_exist():
+    """The signals coverage.py names as needing a source are real signals (a rename shows here)."""
+    from kvdoctor.diagnosis.coverage import SOURCE_NEEDS
+
+    assert set(SOURCE_NEEDS) <= set(REGISTRY), sorted(set(SOURCE_NEEDS) - set(REGISTRY))
