@@ -55,7 +55,9 @@ def test_hold_time_delays_opening():
             opened, _ = live.step(from_records(cap.meta, requests=done), now)
             if opened and label not in first_open:
                 first_open[label] = now
-    assert 120 <= first_open["2m hold"] - first_open["no hold"] <= 130
+    # the hold counts from the evaluation before the first active one (one 10 s step), as
+    # diagnose counts a run: 2 min of hold opens 110-120 s later
+    assert 110 <= first_open["2m hold"] - first_open["no hold"] <= 120
 
 
 def test_healthy_stays_quiet_live():

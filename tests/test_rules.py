@@ -1,6 +1,7 @@
 """Rules as data: schema checks with located errors, safe conditions, every shipped rule's cases."""
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -155,3 +156,303 @@ def test_fix_unless_leaves_out_a_fix_the_evidence_rules_out(tmp_path, run_cli):
     (bad / "kv-growth-per-turn.yaml").write_text(text)
     with pytest.raises(RuleError, match=r"fixes\[0\]\.unless"):
         load_rules([bad])
+
+
+def test_not_of_unknown_is_unknown():
+    """Kleene's three-valued logic: `not` of a NaN signal stays unknown, so a rule cannot fire
+    on the absence of data; all/any are decided by a known false/true child alone."""
+    known = set(REGISTRY)
+    nan = {"ttft_p99_s": math.nan, "ttft_p50_s": 1.0, "errors": 0.0}.__getitem__
+    neg = C.parse({"not": "ttft_p99_s > 2 * ttft_p50_s"}, "x", known, {})
+    assert C.evaluate3(neg, nan, {}, {}) is None
+    assert not C.evaluate(neg, nan, {}, {})
+    assert C.evaluate3(neg, {"ttft_p99_s": 1.0, "ttft_p50_s": 1.0}.__getitem__, {}, {}) is True
+    both = C.parse({"all": ["errors >= 1", "ttft_p99_s > 1"]}, "x", known, {})
+    assert C.evaluate3(both, nan, {}, {}) is False  # a known false decides an all
+    either = C.parse({"any": ["errors < 1", "ttft_p99_s > 1"]}, "x", known, {})
+    assert C.evaluate3(either, nan, {}, {}) is True  # a known true decides an any
+    undecided = C.parse({"any": ["errors >= 1", "ttft_p99_s > 1"]}, "x", known, {})
+    assert C.evaluate3(undecided, nan, {}, {}) is None
+    assert C.unknown_signals(undecided, nan, {}, {}) == ["ttft_p99_s"]
+    assert C.unknown_signals(either, nan, {}, {}) == []
+
+
+def _shifted(cap, dt_s):
+    from kvdoctor.model import RequestRecord
+
+    rows = cap.requests.table.to_pylist()
+    for r in rows:
+        for k in ("arrival_s", "first_token_s", "finish_s"):
+            if r.get(k) is not None:
+                r[k] += dt_s
+    return [RequestRecord(**{k: v for k, v in r.items() if v is not None}) for r in rows]
+
+
+def test_suppression_only_between_overlapping_incidents():
+    """tail-latency is suppressed by queueing-saturation only where both hold at once: a heavy
+    tail early in a capture and a queue an hour later are two incidents, not one rule hiding
+    the other across the whole capture."""
+    import kvdoctor
+    from kvdoctor.capture.memory import from_records
+    from kvdoctor.diagnosis import diagnose
+
+    from conftest import CASES
+
+    tail, queue = kvdoctor.load(CASES / "tail"), kvdoctor.load(CASES / "queueing")
+    rules = load_rules()
+    fired = lambda d: {c.rule.id for i in d.incidents for c in i.causes}  # noqa: E731
+    assert "queueing-saturation" in fired(diagnose(queue, rules))
+    assert "tail-latency" in fired(diagnose(tail, rules))
+    gap_s = 3600.0
+    later = _shifted(queue, _shifted(tail, 0)[-1].finish_s + gap_s - queue.requests.num("arrival_s")[0])
+    both = diagnose(from_records(tail.meta, requests=_shifted(tail, 0) + later), rules)
+    by_rule = {c.rule.id: i for i in both.incidents for c in i.causes}
+    assert {"tail-latency", "queueing-saturation"} <= set(by_rule)
+    assert by_rule["tail-latency"].end_s < by_rule["queueing-saturation"].start_s
+    # where they overlap, the specific cause hides the generic one
+    assert "tail-latency" not in fired(diagnose(queue, [r for r in rules if r.id in ("tail-latency", "queueing-saturation")]))
+
+
+def _rule_cases():
+    from kvdoctor.diagnosis.selftest import resolve_case
+
+    rules = load_rules()
+    return sorted({(str(resolve_case(r, c)), *c.split()[1:]) for r in rules for c in (*r.tests_fire, *r.tests_no_fire)
+                   if resolve_case(r, c) is not None})
+
+
+@pytest.mark.parametrize("case", _rule_cases(), ids=lambda c: " ".join([Path(c[0]).parent.name + "/" + Path(c[0]).name, *c[1:]]))
+def test_live_and_offline_give_the_same_incidents(case):
+    """attach's live path, replayed at diagnose's evaluation instants over a rule case, opens
+    the same incidents (symptom and rules) as diagnose finds offline."""
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+    from kvdoctor.diagnosis.live import replay
+    from kvdoctor.diagnosis.selftest import split_case
+
+    rules = load_rules()
+    path, opts = split_case(" ".join(case))
+    cap = kvdoctor.load(path)
+    offline = sorted((i.symptom, sorted(c.rule.id for c in i.causes)) for i in diagnose(cap, rules, opts).incidents)
+    live = sorted((i.symptom, sorted(i.rules_seen)) for i in replay(cap, rules, opts))
+    assert live == offline
+
+
+def test_every_rule_proven_on_real_data_or_marked_experimental():
+    """A rule with no must-fire case from a real server or public real data carries
+    `status: experimental`, and a proven one does not. What is real is read from each capture's
+    meta.json (origin, server, attribution), not from a list here; `kvdoctor rules test`
+    checks that those cases do fire."""
+    from kvdoctor.diagnosis.selftest import proof
+
+    for r in load_rules():
+        assert bool(proof(r)) != r.experimental, (
+            f"{r.id}: " + (f"proven by {proof(r)}: drop `status: experimental`" if proof(r) else
+                           "no real must-fire case: add one to tests.fire or mark it `status: experimental`"))
+
+
+def test_case_source_reads_where_a_capture_came_from(tmp_path):
+    from kvdoctor.diagnosis.selftest import PUBLIC_DATA, REAL_SERVER, SIMULATED, UNKNOWN, case_source
+
+    from conftest import CASES, ROOT
+
+    assert case_source(CASES / "queueing") == SIMULATED
+    assert case_source(ROOT / "samples" / "healthy") == REAL_SERVER
+    assert case_source(ROOT / "samples" / "aibrix-qps-4.1") == PUBLIC_DATA
+    shutil.copytree(ROOT / "samples" / "aibrix-qps-4.1", tmp_path / "c")
+    meta = tmp_path / "c" / "meta.json"
+    meta.write_text(meta.read_text().replace('"attribution"', '"x_attribution"'))
+    assert case_source(tmp_path / "c") == UNKNOWN  # an import without attribution proves nothing
+
+
+def test_experimental_rule_is_marked_wherever_it_is_named(run_cli, tmp_path):
+    """tail-latency (simulated cases only) is named with 'proven only on simulated data' in the
+    summary, the full text, Markdown, JSON, the HTML report and the live incident text."""
+    from conftest import CASES
+
+    from kvdoctor.report.summary import live_incident_text
+
+    rules = tmp_path / "r"
+    rules.mkdir()
+    text = (builtin_rules_dir() / "tail-latency.yaml").read_text()
+    if "status: experimental" not in text:
+        text = text.replace("severity: info\n", "severity: info\nstatus: experimental\n")
+    (rules / "tail-latency.yaml").write_text(text)
+    note = "proven only on simulated data"
+    for args in (["summary"], ["diagnose"], ["diagnose", "--format", "markdown"]):
+        r = run_cli(*args, CASES / "tail", "--rules", rules)
+        assert r.returncode == 0, r.stderr
+        assert f"tail-latency" in r.stdout and note in r.stdout, (args, r.stdout)
+    js = run_cli("diagnose", CASES / "tail", "--rules", rules, "--format", "json")
+    cause = next(c for i in __import__("json").loads(js.stdout)["incidents"] for c in i["causes"] if c["rule"] == "tail-latency")
+    assert cause["status"] == "experimental"
+    html = run_cli("report", CASES / "tail", "--rules", rules, "-o", tmp_path / "r.html")
+    assert html.returncode == 0 and note in (tmp_path / "r.html").read_text()
+    import kvdoctor
+    from kvdoctor.diagnosis.live import replay
+
+    inc = next(i for i in replay(kvdoctor.load(CASES / "tail"), load_rules([rules])) if i.top.rule.id == "tail-latency")
+    assert note in live_incident_text(inc, "opened", None) and note in live_incident_text(inc, "closed", None)
+    # a stable rule is not marked
+    plain = run_cli("summary", CASES / "queueing")
+    assert "queueing-saturation" in plain.stdout and note not in plain.stdout
+
+
+def test_rules_that_cannot_fire_are_listed_with_what_they_lack(run_cli):
+    """An import without the context limit (Mooncake trace) cannot run prompt-length-tail: the
+    text, Markdown and JSON say so and name the fix (--max-model-len); with it, the rule is
+    evaluated. Engine info in a capture wins over the option, with a warning."""
+    import json
+
+    from conftest import ROOT
+
+    cap = ROOT / "samples" / "mooncake-conversation"
+    js = json.loads(run_cli("diagnose", cap, "--format", "json").stdout)
+    ne = {n["rule"]: n for n in js["not_evaluated"]}
+    assert ne["prompt-length-tail"]["missing"] == ["prompt_p99_over_limit"]
+    assert "--max-model-len" in ne["prompt-length-tail"]["needs"][0]
+    assert js["capture"]["context_limit"] is None
+    for args in (["diagnose"], ["summary"], ["diagnose", "--format", "markdown"]):
+        out = run_cli(*args, cap).stdout
+        assert "not evaluated:" in out and "prompt-length-tail" in out.split("not evaluated:")[1], (args, out)
+    given = json.loads(run_cli("diagnose", cap, "--format", "json", "--max-model-len", "131072").stdout)
+    assert "prompt-length-tail" not in {n["rule"] for n in given["not_evaluated"]}
+    assert given["capture"]["context_limit"] == {"tokens": 131072, "source": "--max-model-len"}
+    # the model table stands in for an import that names its model (AIBrix: Llama-3.1-8B)
+    aibrix = json.loads(run_cli("diagnose", ROOT / "samples" / "aibrix-qps-4.1", "--format", "json").stdout)
+    assert aibrix["capture"]["context_limit"]["tokens"] == 131072
+    assert "model table" in aibrix["capture"]["context_limit"]["source"]
+    assert "prompt-length-tail" not in {n["rule"] for n in aibrix["not_evaluated"]}
+    # a real llama.cpp capture records its n_ctx: that wins
+    real = json.loads(run_cli("diagnose", ROOT / "samples" / "healthy", "--format", "json", "--max-model-len", "99").stdout)
+    assert real["capture"]["context_limit"]["tokens"] == 2048
+    assert any("--max-model-len 99 ignored" in w for w in real["capture"]["warnings"])
+
+
+def test_not_evaluated_only_where_a_source_is_missing():
+    """A rule whose symptom could still hold on the signals present is evaluated (queueing on a
+    simulated capture without the engine's waiting gauge); one whose every path needs an absent
+    source is listed (kv-fragmentation without KV usage); fired rules never are."""
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+
+    from conftest import CASES
+
+    d = diagnose(kvdoctor.load(CASES / "leak"), load_rules())
+    listed = {n.rule: n for n in d.not_evaluated}
+    assert "queueing-saturation" not in listed
+    assert listed["kv-fragmentation"].needs == ("KV cache usage (engine /metrics)",)
+    frag = diagnose(kvdoctor.load(CASES / "fragmentation"), load_rules())
+    assert "kv-fragmentation" not in {n.rule for n in frag.not_evaluated}
+
+
+def test_corpus_labels_are_written_from_the_raw_files(tmp_path):
+    """tests/labels.yaml is exactly what scripts/label-corpus computes from the source files
+    (client timings, public CSV/JSON), so no label was edited by hand or read off kvdoctor."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "labels.yaml"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "label-corpus"), "--out", str(out), "--no-docs"],
+                   check=True, capture_output=True, cwd=tmp_path)
+    assert yaml.safe_load(out.read_text()) == yaml.safe_load((ROOT / "tests" / "labels.yaml").read_text())
+    corpus = yaml.safe_load(out.read_text())["corpus"]
+    assert all(e["figures"] and all(isinstance(v, str) and v for v in e["causes"].values()) for e in corpus)
+
+
+def test_rules_test_table_scores_rules_against_labels(run_cli, tmp_path):
+    """Precision and recall come from the labels and what fired: a label no rule covers is a
+    miss; a rule firing on an unlabelled capture is a false positive; an imported public file
+    is read as `kvdoctor import` would."""
+    import json
+
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+
+    from conftest import CASES, ROOT
+
+    corpus = tmp_path / "labels.yaml"
+    corpus.write_text(yaml.safe_dump({"corpus": [
+        {"name": "q", "capture": str(CASES / "queueing"), "causes": {"queueing-saturation": "sim"}},
+        {"name": "h", "capture": str(CASES / "healthy"), "causes": {"no-such-rule": "x"}},
+        {"name": "a", "import": {"format": "csv", "src": str(ROOT / "tests/data/traces/aibrix/naive_output_4.1.csv"),
+                                 "columns": {"arrival_s": "launch_time", "finish_s": "finish_time", "ttft_s": "ttft",
+                                             "prompt_tokens": "prompt_tokens", "output_tokens": "generation_tokens"},
+                                 "model": "Llama-3.1-8B", "attribution": "aibrix"},
+         "causes": {}},
+    ]}))
+    r = run_cli("rules", "test", "--format", "json", "--corpus", corpus)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    rules = {x["rule"]: x for x in got["rules"]}
+    fired = {c["name"]: set(c["fired"]) for c in got["captures"]}
+    assert fired["q"] == {c.rule.id for i in diagnose(kvdoctor.load(CASES / "queueing")).incidents for c in i.causes}
+    assert fired["a"], "the imported AIBrix 4.1 QPS run fires something"
+    for rid, s in rules.items():
+        labelled = {n for n, lab in (("q", {"queueing-saturation"}), ("h", {"no-such-rule"}), ("a", set())) if rid in lab}
+        hit = {n for n, f in fired.items() if rid in f}
+        assert set(s["tp"]) == labelled & hit and set(s["fp"]) == hit - labelled and set(s["fn"]) == labelled - hit
+        if hit:
+            assert s["precision"] == pytest.approx(len(labelled & hit) / len(hit))
+    assert rules["no-such-rule"]["has_rule"] is False and rules["no-such-rule"]["recall"] == 0
+    table = run_cli("rules", "test", "--format", "table", "--corpus", corpus).stdout
+    assert "`no-such-rule` (no rule)" in table and "| precision | recall |" in table
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("corpus: [{name: x, causes: {}}]\n")
+    r = run_cli("rules", "test", "--format", "table", "--corpus", bad)
+    assert r.returncode == 2 and "corpus[0]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_docs_rules_table_is_current(run_cli):
+    """docs/rules.md carries today's table; after changing rules or labels, run scripts/label-corpus."""
+    from conftest import ROOT
+
+    doc = (ROOT / "docs" / "rules.md").read_text()
+    table = doc.split("<!-- rules-table:start -->\n", 1)[1].split("<!-- rules-table:end -->", 1)[0]
+    assert table == run_cli("rules", "test", "--format", "table").stdout, "stale: run scripts/label-corpus"
+
+
+def test_rule_cases_are_what_the_server_model_writes(tmp_path):
+    """The simulated rule cases are exactly make_cases.py's output (deterministic): none was
+    edited by hand, so every engine, GPU and quality number in them comes from its mechanism."""
+    import filecmp
+    import subprocess
+    import sys
+
+    from conftest import CASES
+
+    subprocess.run([sys.executable, str(CASES / "make_cases.py"), str(tmp_path)], check=True, capture_output=True)
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert made and made == sorted(p.relative_to(CASES) for p in CASES.rglob("*") if p.is_file() and p.parent != CASES)
+    differ = [str(p) for p in made if not filecmp.cmp(tmp_path / p, CASES / p, shallow=False)]
+    assert not differ, f"regenerate with python tests/rulecases/make_cases.py: {differ}"
+
+
+def test_a_case_can_give_the_context_limit(run_cli, tmp_path):
+    """A rule case may name --max-model-len for an import without the limit: the Mooncake trace
+    (public real data) then proves prompt-length-tail; a malformed option fails the case."""
+    from kvdoctor.diagnosis.selftest import PUBLIC_DATA, proof
+
+    from conftest import ROOT
+
+    d = tmp_path / "r"
+    d.mkdir()
+    text = (builtin_rules_dir() / "prompt-length-tail.yaml").read_text().replace(
+        "  fire: [", "  fire: [samples/mooncake-conversation --max-model-len 131072, ")
+    (d / "prompt-length-tail.yaml").write_text(text)
+    rule = next(r for r in load_rules([d]) if r.id == "prompt-length-tail")
+    assert ("samples/mooncake-conversation --max-model-len 131072", PUBLIC_DATA) in proof(rule)
+    ok = run_cli("rules", "test", "--rules", d, "--rule", "prompt-length-tail", "-v", cwd=ROOT)
+    assert ok.returncode == 0 and "ok   prompt-length-tail: samples/mooncake-conversation --max-model-len 131072" in ok.stdout
+    (d / "prompt-length-tail.yaml").write_text(text.replace("131072", "lots"))
+    bad = run_cli("rules", "test", "--rules", d, "--rule", "prompt-length-tail", cwd=ROOT)
+    assert bad.returncode == 1 and "expected PATH or PATH --max-model-len N" in bad.stdout
+
+
+def test_source_signals_named_for_not_evaluated_exist():
+    """The signals coverage.py names as needing a source are real signals (a rename shows here)."""
+    from kvdoctor.diagnosis.coverage import SOURCE_NEEDS
+
+    assert set(SOURCE_NEEDS) <= set(REGISTRY), sorted(set(SOURCE_NEEDS) - set(REGISTRY))

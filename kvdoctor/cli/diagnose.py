@@ -22,13 +22,15 @@ def _time(value: str | None, name: str) -> float | None:
 
 
 def run_diagnosis(capture: str, since: str | None, until: str | None, rules_dirs: tuple[str, ...],
-                  slo: tuple[str, ...], sets: tuple[str, ...], lookback: str, step: str):
+                  slo: tuple[str, ...], sets: tuple[str, ...], lookback: str, step: str,
+                  max_model_len: int | None = None):
     from ..capture import load
     from ..diagnosis import Options, diagnose, load_rules, parse_slo
     from ..diagnosis.rules import parse_duration, parse_overrides
 
     try:
-        opts = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo))
+        opts = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo),
+                       max_model_len_tokens=max_model_len)
     except ValueError as e:
         raise InputError(f"--lookback/--step: {e}") from None
     rules = load_rules([Path(d) for d in rules_dirs], parse_overrides(sets))
@@ -54,6 +56,9 @@ def diagnosis_options(f=None, *, capture_required: bool = True):
                      help="Override a rule threshold, e.g. --set prefill-bound.min_corr=0.5."),
         click.option("--lookback", default="5m", show_default=True, help="Window each evaluation looks back over."),
         click.option("--step", default="1m", show_default=True, help="Time between evaluations."),
+        click.option("--max-model-len", type=click.IntRange(min=1), metavar="TOKENS",
+                     help="The server's context limit, where the capture does not record it (imports): "
+                          "lets prompt-length-tail run. Default: engine info, else the model table."),
     ]):
         f = option(f)
     return f
@@ -64,7 +69,7 @@ def diagnosis_options(f=None, *, capture_required: bool = True):
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(), help="Write here instead of standard output.")
 @fleet_options  # --- fleet mode (kvdoctor/cli/fleet_options.py) ---
-def command(capture, since, until, rules_dirs, slo, sets, lookback, step, fmt, output, **fleet):
+def command(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len, fmt, output, **fleet):
     """Incidents in a capture, each with its ranked causes, evidence numbers and fixes.
 
     \b
@@ -89,7 +94,7 @@ def command(capture, since, until, rules_dirs, slo, sets, lookback, step, fmt, o
     if not capture:
         raise InputError("missing CAPTURE (or --prometheus URL for fleet mode)")
     # --- end fleet mode ---
-    diag = run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step)
+    diag = run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len)
     if fmt == "json":
         text = orjson.dumps(diag.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
     elif fmt == "markdown":

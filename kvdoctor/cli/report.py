@@ -15,7 +15,7 @@ from .fleet_options import fleet_diagnosis, fleet_options
               help="HTML file to write.")
 @click.option("--title", help="Page title (default: kvdoctor report · CAPTURE).")
 @fleet_options  # --- fleet mode (kvdoctor/cli/fleet_options.py) ---
-def command(capture, after, since, until, rules_dirs, slo, sets, lookback, step, output, title, **fleet):
+def command(capture, after, since, until, rules_dirs, slo, sets, lookback, step, max_model_len, output, title, **fleet):
     """One self-contained HTML file: the incidents, their evidence and fixes, and the charts
     that support them. Works offline (plotly.js is embedded); open it in any browser.
 
@@ -60,7 +60,7 @@ def command(capture, after, since, until, rules_dirs, slo, sets, lookback, step,
         return
     from ..report.html import render_report
 
-    diag = run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step)
+    diag = run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len)
     path = render_report(diag, output, title=title)
     n = len(diag.incidents)
     click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB; {n} incident{'s' if n != 1 else ''})")

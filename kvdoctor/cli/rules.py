@@ -29,6 +29,7 @@ def command():
       kvdoctor rules show prefill-bound
       kvdoctor rules test                 # every rule's must-fire / must-not-fire captures
       kvdoctor rules test --rules my-rules/
+      kvdoctor rules test --format table  # precision/recall per rule over tests/labels.yaml
     """
 
 
@@ -39,12 +40,12 @@ def list_rules(rules_dirs, fmt):
     """One line per rule: id, severity, symptom, title."""
     rules = _load(rules_dirs)
     if fmt == "json":
-        click.echo(orjson.dumps([{"id": r.id, "title": r.title, "severity": r.severity, "symptom": r.symptom,
+        click.echo(orjson.dumps([{"id": r.id, "title": r.title, "severity": r.severity, "status": r.status, "symptom": r.symptom,
                                   "for_s": r.for_s, "path": str(r.path)} for r in rules], option=orjson.OPT_INDENT_2).decode())
         return
     width = max(len(r.id) for r in rules)
     for r in rules:
-        click.echo(f"{r.id:<{width}}  {r.severity:<8}  {r.symptom:<11}  {r.title}")
+        click.echo(f"{r.id:<{width}}  {r.severity:<8}  {r.symptom:<11}  {r.title}{r.tag}")
 
 
 @command.command("show")
@@ -63,8 +64,17 @@ def show(rule_id, rules_dirs):
 @_rules_option
 @click.option("--rule", "only", multiple=True, help="Test only this rule id (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="Show every case, not only failures.")
-def test(rules_dirs, only, verbose):
-    """Run every rule's must-fire and must-not-fire captures; exit 1 if any case fails."""
+@click.option("--format", "fmt", type=click.Choice(["cases", "table", "json"]), default="cases", show_default=True,
+              help="cases: each rule's must-fire/must-not-fire captures (exit 1 on a failure); table/json: "
+                   "precision and recall per rule over the labelled corpus.")
+@click.option("--corpus", type=click.Path(dir_okay=False), default=None,
+              help="Labelled corpus for table/json (default: the repository's tests/labels.yaml).")
+def test(rules_dirs, only, verbose, fmt, corpus):
+    """Run every rule's must-fire and must-not-fire captures; exit 1 if any case fails.
+    With --format table|json: how often each rule is right over a labelled corpus of real
+    captures and public data (labels from the raw numbers: scripts/label-corpus)."""
+    if fmt != "cases":
+        return _corpus(_load(rules_dirs), fmt, corpus)
     from ..diagnosis.selftest import run
 
     results = run(_load(rules_dirs), set(only) or None)
@@ -76,3 +86,19 @@ def test(rules_dirs, only, verbose):
             click.echo(f"{mark} {r.rule}: {r.capture} (want {want}; {r.detail})")
     click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     sys.exit(1 if failed else 0)
+
+
+def _corpus(rules, fmt: str, corpus: str | None) -> None:
+    from ..diagnosis import corpus as K
+    from ..diagnosis.rules import builtin_rules_dir
+    from ..errors import InputError
+
+    path = Path(corpus) if corpus else builtin_rules_dir().parent / "tests" / "labels.yaml"
+    if not path.is_file():
+        raise InputError(f"{path}: no labelled corpus here; pass --corpus FILE (see scripts/label-corpus)")
+    cases = K.read_corpus(path)
+    scores = K.evaluate(cases, rules)
+    if fmt == "json":
+        click.echo(orjson.dumps(K.to_json(scores, cases), option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(K.table(scores, cases), nl=False)

@@ -8,7 +8,7 @@ from .diagnose import diagnosis_options, run_diagnosis
 
 @click.command("summary")
 @diagnosis_options
-def command(capture, since, until, rules_dirs, slo, sets, lookback, step):
+def command(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len):
     """The on-call text: what happened, when, impact, likely cause with evidence, first fix.
 
     At most ~15 lines per incident, most severe first, readable on a phone.
@@ -20,4 +20,4 @@ def command(capture, since, until, rules_dirs, slo, sets, lookback, step):
     """
     from ..report.summary import summary_text
 
-    click.echo(summary_text(run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step)), nl=False)
+    click.echo(summary_text(run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len)), nl=False)

@@ -12,6 +12,7 @@ import numpy as np
 from ..capture import Capture
 from ..errors import InputError
 from ..signals import REGISTRY, Prepared
+from .coverage import NotEvaluated, context_limit, not_evaluated
 from .evaluate import Incident, Options, incidents
 from .rules import Rule, load_rules
 
@@ -50,6 +51,11 @@ class Diagnosis:
     warnings: list[str] = field(default_factory=list)
     #: the analysed capture, kept so reports reuse it instead of preparing it again
     prepared: Prepared | None = field(default=None, repr=False)
+    #: rules that could not fire on this capture, and which signal they lacked
+    not_evaluated: list[NotEvaluated] = field(default_factory=list)
+    #: the context limit used (tokens) and where it came from; None: unknown
+    context_limit_tokens: float | None = None
+    context_limit_source: str = ""
 
     def time_label(self, t: float) -> str:
         if self.capture.meta.clock == "unix" and t > 1e9:
@@ -71,9 +77,12 @@ class Diagnosis:
                 "model": meta.model,
                 "sources": {k: {"ok": v.ok, "detail": v.detail} for k, v in meta.sources.items()},
                 "warnings": self.warnings,
+                "context_limit": ({"tokens": _num(self.context_limit_tokens), "source": self.context_limit_source}
+                                  if self.context_limit_tokens else None),
             },
             "slo": self.options.slo,
             "incidents": [self._incident_json(i) for i in self.incidents],
+            "not_evaluated": [n.to_json() for n in self.not_evaluated],
         }
 
     def _incident_json(self, inc: Incident) -> dict[str, Any]:
@@ -90,6 +99,7 @@ class Diagnosis:
                 {
                     "rule": c.rule.id,
                     "title": c.rule.title,
+                    "status": c.rule.status,  # experimental: proven only on simulated data
                     "cause": c.cause,
                     "confidence": round(c.confidence, 3),
                     "evidence": {name: {"value": _num(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},
@@ -114,5 +124,9 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
     rules = rules if rules is not None else load_rules()
     options = options or Options()
     prep = Prepared(capture, options.slo)
+    limit, limit_source, warnings = context_limit(prep, options.max_model_len_tokens)
     found = incidents(prep, rules, options, progress) if (len(capture.requests) or len(prep.engine_t) or len(prep.gpu_t)) else []
-    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, list(capture.warnings), prep)
+    fired = {c.rule.id for inc in found for c in inc.causes}
+    missing = not_evaluated(prep.window(prep.start_s, prep.end_s), rules, fired, options.slo)
+    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, list(capture.warnings) + warnings, prep,
+                     missing, limit, limit_source)

@@ -4,8 +4,11 @@ window. Nothing in a rule file is ever executed as code.
 A leaf is ``SIGNAL OP VALUE`` where OP is one of > >= < <= == != and VALUE is a number,
 ``[FACTOR *] SIGNAL``, ``slo.NAME`` (only true when that SLO was given) or ``param.NAME``
 (a rule parameter a user can override). Leaves combine with ``all``, ``any`` and ``not``.
-A signal the window cannot compute (NaN) makes its leaf *unknown*, which counts as false:
-a rule never fires on data it does not have.
+A signal the window cannot compute (NaN) makes its leaf *unknown*, and unknown propagates by
+Kleene's three-valued logic: ``not`` unknown is unknown; ``all`` is false if any child is false,
+else unknown if any is; ``any`` is true if any child is true, else unknown if any is. A rule
+acts only on a condition that is *true*, so it never fires on data it does not have. A leaf
+against ``slo.NAME`` with no such SLO given is false (no objective, nothing violated).
 """
 from __future__ import annotations
 
@@ -92,17 +95,54 @@ def parse(spec: Any, path: str, known_signals: set[str], params: dict[str, float
 
 def evaluate(cond: Cond, value: Callable[[str], float], slo: dict[str, float], params: dict[str, float]) -> bool:
     """True only when the condition holds on known values."""
+    return evaluate3(cond, value, slo, params) is True
+
+
+def evaluate3(cond: Cond, value: Callable[[str], float], slo: dict[str, float],
+              params: dict[str, float]) -> bool | None:
+    """True, False, or None (unknown: the answer depends on a signal the window lacks)."""
     if isinstance(cond, Node):
-        if cond.kind == "all":
-            return all(evaluate(c, value, slo, params) for c in cond.children)
-        if cond.kind == "any":
-            return any(evaluate(c, value, slo, params) for c in cond.children)
-        return not evaluate(cond.children[0], value, slo, params)
+        got = [evaluate3(c, value, slo, params) for c in cond.children]
+        if cond.kind == "not":
+            return None if got[0] is None else not got[0]
+        decisive = cond.kind == "any"  # True decides an any, False decides an all
+        if decisive in got:
+            return decisive
+        return None if None in got else not decisive
+    if cond.rhs.startswith("slo.") and cond.rhs[4:] not in slo:
+        return False
     lhs = value(cond.lhs)
     rhs = resolve(cond.rhs, value, slo, params)
     if rhs is None or math.isnan(lhs) or math.isnan(rhs):
-        return False
+        return None
     return OPS[cond.op](lhs, cond.factor * rhs)
+
+
+def can_hold(cond: Cond, value: Callable[[str], float], slo: dict[str, float]) -> bool:
+    """Whether the condition could be true on some window of this data: a leaf whose signal is
+    unknown (or whose SLO was not given) never can; a leaf on known signals might."""
+    if isinstance(cond, Leaf):
+        if cond.rhs.startswith("slo.") and cond.rhs[4:] not in slo:
+            return False
+        return not any(math.isnan(value(s)) for s in cond.signals())
+    if cond.kind == "not":  # not(unknown) stays unknown: possible only on fully known input
+        return all(not math.isnan(value(s)) for s in cond.signals())
+    parts = [can_hold(c, value, slo) for c in cond.children]
+    return all(parts) if cond.kind == "all" else any(parts)
+
+
+def unknown_signals(cond: Cond, value: Callable[[str], float], slo: dict[str, float],
+                    params: dict[str, float]) -> list[str]:
+    """The signals whose unknown values leave the condition unknown, in rule order: those of
+    undecided leaves under undecided nodes (a decided branch needs nothing more)."""
+    if evaluate3(cond, value, slo, params) is not None:
+        return []
+    if isinstance(cond, Leaf):
+        return [s for s in (cond.lhs, cond.rhs) if _is_signal(s) and math.isnan(value(s))]
+    out: list[str] = []
+    for c in cond.children:
+        out += [s for s in unknown_signals(c, value, slo, params) if s not in out]
+    return out
 
 
 def resolve(rhs: str, value: Callable[[str], float], slo: dict[str, float], params: dict[str, float]) -> float | None:

@@ -4,7 +4,9 @@ fires into incidents with ranked causes.
 Offline and live use the same code: :func:`step_times` lays evaluation instants over the
 capture; each instant looks back ``lookback_s``. A rule is *active* at an instant when its
 symptom holds (enough requests, every condition known and true) and at least one of its
-causes holds. It *fires* once active for at least its ``for`` time. Firing intervals of rules
+causes holds, and none of the rules it is ``suppressed_by`` is active at the same instant
+(suppression acts only where they overlap in time). It *fires* once active for at least its
+``for`` time, counted from the instant before the first active one. Firing intervals of rules
 with the same symptom that overlap or touch become one incident; the evidence is then read
 over the incident's own span, so the numbers describe the incident, not one window.
 """
@@ -29,6 +31,8 @@ class Options:
     lookback_s: float = 300.0
     step_s: float = 60.0
     slo: dict[str, float] = field(default_factory=dict)
+    #: the server's context limit where the capture lacks it (--max-model-len)
+    max_model_len_tokens: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,15 @@ def match(rule: Rule, w: Window, slo: dict[str, float]) -> tuple[bool, float, st
     return best[0] > 0, best[0], best[1]
 
 
+def match_all(rules: list[Rule], w: Window, slo: dict[str, float]) -> list[tuple[bool, float, str]]:
+    """:func:`match` for every rule on one window, then suppression: a rule is not active
+    where a rule it is ``suppressed_by`` is active on the same window (live and offline share this)."""
+    got = [match(rule, w, slo) for rule in rules]
+    active = {rule.id for rule, (ok, _, _) in zip(rules, got) if ok}
+    return [(False, 0.0, "") if ok and set(rule.suppressed_by) & active else (ok, conf, title)
+            for rule, (ok, conf, title) in zip(rules, got)]
+
+
 def activations(prep: Prepared, rules: list[Rule], opt: Options,
                 progress: Callable[[int, int], None] | None = None) -> list[Activation]:
     times, step, lookback = step_times(prep.start_s, prep.end_s, opt)
@@ -97,7 +110,7 @@ def activations(prep: Prepared, rules: list[Rule], opt: Options,
 
     def evaluate_at(t: float) -> list[tuple[bool, float, str]]:
         w = prep.window(t - lookback, t)
-        return [match(rule, w, opt.slo) for rule in rules]
+        return match_all(rules, w, opt.slo)
 
     for k, t in enumerate(times):
         fresh_start = max(t - lookback, t - step) if len(times) > 1 else t - lookback
@@ -136,14 +149,13 @@ def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
               progress: Callable[[int, int], None] | None = None) -> list[Incident]:
     opt = opt or Options()
     acts = activations(prep, rules, opt, progress)
-    fired = {a.rule.id for a in acts}
-    acts = [a for a in acts if not (set(a.rule.suppressed_by) & fired)]
     out: list[Incident] = []
     for symptom in sorted({a.rule.symptom for a in acts}):
         group = sorted((a for a in acts if a.rule.symptom == symptom), key=lambda a: a.start_s)
         clusters: list[list[Activation]] = []
         for a in group:
-            if clusters and a.start_s <= max(x.end_s for x in clusters[-1]) + opt.step_s:
+            # overlap or touch; a gap of one step or more is a new incident (as live closes one)
+            if clusters and a.start_s <= max(x.end_s for x in clusters[-1]):
                 clusters[-1].append(a)
             else:
                 clusters.append([a])

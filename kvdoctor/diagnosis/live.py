@@ -9,7 +9,7 @@ from typing import Any
 
 from ..capture import Capture
 from ..signals import Prepared
-from .evaluate import Options, match
+from .evaluate import Options, match_all, step_times
 from .rules import SEVERITY_RANK, Rule
 
 _ids = itertools.count(1)
@@ -33,6 +33,8 @@ class LiveIncident:
     causes: list[LiveCause]
     closed_s: float | None = None
     impact: dict[str, Any] = field(default_factory=dict)
+    #: every rule that fired while it was open, first seen first (causes holds the latest step's)
+    rules_seen: list[str] = field(default_factory=list)
 
     @property
     def open(self) -> bool:
@@ -51,7 +53,7 @@ class LiveIncident:
             "id": self.id, "symptom": self.symptom, "severity": self.severity, "title": self.top.rule.title,
             "open": self.open, "start_s": self.opened_s, "last_s": self.last_s, "end_s": self.closed_s,
             "impact": self.impact,
-            "causes": [{"rule": c.rule.id, "cause": c.cause, "confidence": c.confidence,
+            "causes": [{"rule": c.rule.id, "status": c.rule.status, "cause": c.cause, "confidence": c.confidence,
                         "evidence": {k: (None if v != v else v) for k, v in c.evidence.items()},
                         "fixes": [{"title": f.title, "knobs": f.knobs} for f in c.fixes]} for c in self.causes],
         }
@@ -75,19 +77,21 @@ class LiveDiagnoser:
 
     def step(self, cap: Capture, now_s: float) -> tuple[list[LiveIncident], list[LiveIncident]]:
         """Evaluate at ``now_s``; returns (opened, closed) incidents."""
-        prep = Prepared(cap, self.options.slo)
+        return self.step_prepared(Prepared(cap, self.options.slo), now_s)
+
+    def step_prepared(self, prep: Prepared, now_s: float) -> tuple[list[LiveIncident], list[LiveIncident]]:
         w = self.last_window = prep.window(now_s - self.options.lookback_s, now_s)
         active: dict[str, tuple[float, str]] = {}
-        for rule in self.rules:
-            ok, conf, title = match(rule, w, self.options.slo)
+        # active at its first step means it held over the step before (as offline counts a run)
+        held_from = now_s - min(self.options.step_s, self.options.lookback_s)
+        for rule, (ok, conf, title) in zip(self.rules, match_all(self.rules, w, self.options.slo)):
             if ok:
                 active[rule.id] = (conf, title)
-                self._since.setdefault(rule.id, now_s)
+                self._since.setdefault(rule.id, held_from)
             else:
                 self._since.pop(rule.id, None)
         by_id = {r.id: r for r in self.rules}
         firing = {rid for rid in active if now_s - self._since[rid] >= by_id[rid].for_s}
-        firing = {rid for rid in firing if not (set(by_id[rid].suppressed_by) & firing)}
         opened, closed = [], []
         symptoms = {by_id[rid].symptom for rid in firing}
         for inc in self.open_incidents:
@@ -110,8 +114,24 @@ class LiveDiagnoser:
                 opened.append(inc)
             else:
                 inc.last_s, inc.causes, inc.impact = now_s, causes, impact
+            inc.rules_seen += [c.rule.id for c in causes if c.rule.id not in inc.rules_seen]
         done = [i for i in self.incidents if not i.open]
         if len(done) > self.keep_closed:
             drop = {id(i) for i in done[: len(done) - self.keep_closed]}
             self.incidents = [i for i in self.incidents if id(i) not in drop]
         return opened, closed
+
+
+def replay(cap: Capture, rules: list[Rule], options: Options | None = None) -> list[LiveIncident]:
+    """Run the live path over a finished capture at the instants ``diagnose`` evaluates it at
+    (the parity check between attach and diagnose; also what a recorded session would have
+    announced). Every incident, open or closed, in opening order."""
+    options = options or Options()
+    prep = Prepared(cap, options.slo)
+    times, step, lookback = step_times(prep.start_s, prep.end_s, options)
+    if len(times) == 1:  # offline's single evaluation counts its hold over the whole window
+        step = lookback
+    live = LiveDiagnoser(rules, Options(lookback_s=lookback, step_s=step, slo=options.slo), keep_closed=10**9)
+    for t in times:
+        live.step_prepared(prep, float(t))
+    return live.incidents

@@ -21,6 +21,9 @@ from . import conditions as C
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
 
+#: what every output that names an experimental rule says about it
+EXPERIMENTAL_NOTE = "experimental: proven only on simulated data"
+
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -61,6 +64,17 @@ class Rule:
     params: dict[str, float] = field(default_factory=dict)
     description: str = ""
     path: Path | None = None
+    #: "stable", or "experimental" while no real capture or public real data proves it fires
+    status: str = "stable"
+
+    @property
+    def experimental(self) -> bool:
+        return self.status == "experimental"
+
+    @property
+    def tag(self) -> str:
+        """Text to put after the rule's id wherever it is named: '' or ' [experimental: ...]'."""
+        return f" [{EXPERIMENTAL_NOTE}]" if self.experimental else ""
 
     def signals(self) -> set[str]:
         out = set(self.when.signals()) | set(self.evidence)
@@ -147,6 +161,7 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
         references=tuple(raw.get("references", [])),
         tests_fire=tuple(raw["tests"]["fire"]), tests_no_fire=tuple(raw["tests"]["no_fire"]),
         suppressed_by=tuple(raw.get("suppressed_by", [])), params=params, path=path,
+        status=raw.get("status", "stable"),
     )
 
 

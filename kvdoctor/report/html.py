@@ -255,20 +255,20 @@ class _Page:
         also = ""
         if len(inc.causes) > 1:
             also = ('<p class="line note">Also considered: '
-                    + ", ".join(f"{esc(c.rule.id)} ({c.confidence:.0%})" for c in inc.causes[1:4]) + "</p>")
+                    + ", ".join(f"{esc(c.rule.id)} ({c.confidence:.0%}){esc(c.rule.tag)}" for c in inc.causes[1:4]) + "</p>")
         return (f'<li class="sev-{esc(inc.severity)}"><div><span class="badge">{esc(inc.severity)}</span>'
                 f'<span class="sym">{esc(inc.symptom)}</span>'
                 f'<a class="inc-title inc-link" href="#incident-{n}">{n}. {esc(top.rule.title)}</a>'
                 f'<span class="when">{esc(d.time_label(inc.start_s))} → {esc(d.time_label(inc.end_s))} '
                 f'({esc(duration_text(inc.end_s - inc.start_s))}) · {esc(_impact(inc))}</span></div>'
                 f'<p class="line"><b>Likely cause</b> <span class="conf">{top.confidence:.0%}</span> '
-                f'(rule <code>{esc(top.rule.id)}</code>): {esc(top.cause)}</p>'
+                f'(rule <code>{esc(top.rule.id)}</code>{esc(top.rule.tag)}): {esc(top.cause)}</p>'
                 f'<div class="chips">{chips}</div>{fix_html}{also}</li>')
 
     def incident(self, n: int, inc: Incident) -> str:
         d, top = self.diag, inc.causes[0]
         causes = "".join(
-            f'<tr><td class="n">{i}</td><td><code class="rule">{esc(c.rule.id)}</code></td>'
+            f'<tr><td class="n">{i}</td><td><code class="rule">{esc(c.rule.id)}</code>{esc(c.rule.tag)}</td>'
             f'<td class="n"><span class="bar" style="width:{max(4, int(c.confidence * 60))}px"></span>{c.confidence:.0%}</td>'
             f"<td>{esc(c.cause)}</td></tr>" for i, c in enumerate(inc.causes, 1))
         text = [f'<h3>Causes, most likely first</h3><table><tr><th>#</th><th>rule</th><th>confidence</th><th>cause</th></tr>{causes}</table>',
@@ -277,7 +277,7 @@ class _Page:
         if top.rule.description:
             text.append(f'<details><summary>About this rule</summary><p>{esc(top.rule.description)}</p></details>')
         for c in inc.causes[1:]:
-            text.append(f'<details><summary>Also considered: {esc(c.rule.title)} ({c.confidence:.0%})</summary>'
+            text.append(f'<details><summary>Also considered: {esc(c.rule.title)} ({c.confidence:.0%}){esc(c.rule.tag)}</summary>'
                         f'<p class="line">{esc(c.cause)}</p>{self.evidence_table(c.evidence)}{self.fixes(c.fixes)}</details>')
         refs = [r for r in top.rule.references if str(r).startswith(("https://", "http://"))]
         if refs:
@@ -295,7 +295,7 @@ class _Page:
                 f"<h2>{n}. {esc(top.rule.title)}</h2>"
                 f'<p class="line"><b>When:</b> {esc(d.time_label(inc.start_s))} → {esc(d.time_label(inc.end_s))} '
                 f"({esc(duration_text(inc.end_s - inc.start_s))}) · <b>Impact:</b> {esc(_impact(inc))}</p>"
-                f'<p class="line"><b>Likely cause</b> ({top.confidence:.0%}, rule <code>{esc(top.rule.id)}</code>): {esc(top.cause)}</p>'
+                f'<p class="line"><b>Likely cause</b> ({top.confidence:.0%}, rule <code>{esc(top.rule.id)}</code>{esc(top.rule.tag)}): {esc(top.cause)}</p>'
                 f'<div class="{body_cls}"><div class="inc-text">{"".join(text)}</div>'
                 f'<div class="inc-charts">{"".join(charts)}</div></div></section>')
 

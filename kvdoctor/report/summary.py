@@ -69,9 +69,19 @@ def _header(diag: Diagnosis) -> list[str]:
     missing = [k for k, v in meta.sources.items() if not v.ok]
     if missing:
         lines.append("not read: " + ", ".join(f"{k} ({meta.sources[k].detail})" for k in missing))
+    if diag.context_limit_tokens and diag.context_limit_source != "engine info in the capture":
+        lines.append(f"context limit: {diag.context_limit_tokens:,.0f} tokens, from {diag.context_limit_source}")
     for w in diag.warnings:
         lines.append(f"warning: {w}")
     return lines
+
+
+def _not_evaluated(diag: Diagnosis) -> list[str]:
+    """The rules that could not fire on this capture and what they lacked (kvdoctor/diagnosis/coverage.py)."""
+    from ..diagnosis.coverage import not_evaluated_line
+
+    line = not_evaluated_line(getattr(diag, "not_evaluated", []))
+    return [line] if line else []
 
 
 def duration_text(s: float) -> str:
@@ -102,7 +112,7 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
     if not diag.incidents:
         lines.append("")
         lines.append("No incident: no rule fired. " + _healthy_line(diag))
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + _not_evaluated(diag)) + "\n"
     for n, inc in enumerate(diag.incidents, 1):
         top = inc.causes[0]
         lines += [
@@ -110,14 +120,14 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
             f"[{n}] {inc.severity.upper()} {inc.symptom} · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})",
             f"What: {top.rule.title}",
             f"Impact: {_impact(inc)}",
-            f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
+            f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
             "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:max_evidence]),
             f"First fix: {top.fixes[0].title}",
         ]
         lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, engine)]
         if len(inc.causes) > 1:
-            lines.append("Also considered: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%})" for c in inc.causes[1:4]))
-    return "\n".join(lines) + "\n"
+            lines.append("Also considered: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%}){c.rule.tag}" for c in inc.causes[1:4]))
+    return "\n".join(lines + [""] + _not_evaluated(diag)) + "\n"
 
 
 def _healthy_line(diag: Diagnosis) -> str:
@@ -136,39 +146,41 @@ def full_text(diag: Diagnosis) -> str:
     lines = _header(diag)
     engine = engine_key(diag)
     if not diag.incidents:
-        return "\n".join(lines + ["", "No incident: no rule fired. " + _healthy_line(diag)]) + "\n"
+        return "\n".join(lines + ["", "No incident: no rule fired. " + _healthy_line(diag)] + _not_evaluated(diag)) + "\n"
     for n, inc in enumerate(diag.incidents, 1):
         lines += ["", f"Incident {n}: {inc.severity.upper()} {inc.symptom}, {diag.time_label(inc.start_s)} → "
                       f"{diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})",
                   f"  impact: {_impact(inc)}"]
         for rank, c in enumerate(inc.causes, 1):
-            lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}): {c.rule.title}")
+            lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}): {c.rule.title}{c.rule.tag}")
             lines.append(f"     cause: {c.cause}")
             for k, v in c.evidence.items():
                 lines.append(f"     - {_evidence_line(k, v)}")
             for f in c.fixes:
                 lines.append(f"     fix: {f.title}")
                 lines += [f"       {k}" for k in _knobs(f.knobs, engine, limit=5)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + _not_evaluated(diag)) + "\n"
 
 
 def markdown(diag: Diagnosis) -> str:
     out = ["# kvdoctor diagnosis", "", *[f"- {x}" for x in _header(diag)], ""]
     if not diag.incidents:
-        return "\n".join(out + ["**No incident**: no rule fired. " + _healthy_line(diag), ""])
+        return "\n".join(out + ["**No incident**: no rule fired. " + _healthy_line(diag), ""]
+                         + [f"_{x}_" for x in _not_evaluated(diag)] + [""] * bool(_not_evaluated(diag)))
     engine = engine_key(diag)
     for n, inc in enumerate(diag.incidents, 1):
         top = inc.causes[0]
         out += [f"## {n}. {top.rule.title}", "",
                 f"**{inc.severity}** · symptom `{inc.symptom}` · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} · {_impact(inc)}", "",
                 "| rank | rule | confidence | cause |", "|---|---|---|---|"]
-        out += [f"| {i} | `{c.rule.id}` | {c.confidence:.0%} | {c.cause} |" for i, c in enumerate(inc.causes, 1)]
+        out += [f"| {i} | `{c.rule.id}`{c.rule.tag} | {c.confidence:.0%} | {c.cause} |" for i, c in enumerate(inc.causes, 1)]
         out += ["", "**Evidence**", ""] + [f"- `{k}` = {fmt(v, REGISTRY[k].unit)}" for k, v in top.evidence.items()]
         out += ["", "**Fixes, in order**", ""]
         for f in top.fixes:
             out.append(f"1. {f.title}" + (f" — {f.why}" if f.why else ""))
             out += [f"   - {k}" for k in _knobs(f.knobs, engine, limit=5)]
         out.append("")
+    out += [f"_{x}_" for x in _not_evaluated(diag)] + [""] * bool(_not_evaluated(diag))
     return "\n".join(out)
 
 
@@ -176,13 +188,13 @@ def live_incident_text(inc, what: str, engine: str | None) -> str:
     """A live incident as the sidecar prints it and posts it to a webhook (Slack text)."""
     top = inc.top
     if what == "closed":
-        return (f"RESOLVED #{inc.id} {inc.symptom}: {top.rule.title} "
+        return (f"RESOLVED #{inc.id} {inc.symptom}: {top.rule.title}{top.rule.tag} "
                 f"(open {duration_text((inc.closed_s or inc.last_s) - inc.opened_s)})")
     lines = [f"INCIDENT #{inc.id} {inc.severity.upper()} {inc.symptom}: {top.rule.title}",
-             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}): {top.cause}",
+             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
              "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:4]),
              f"First fix: {top.fixes[0].title}"]
     lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, ENGINE_KNOB.get((engine or "").lower()))]
     if len(inc.causes) > 1:
-        lines.append("Also: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%})" for c in inc.causes[1:4]))
+        lines.append("Also: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%}){c.rule.tag}" for c in inc.causes[1:4]))
     return "\n".join(lines)
