@@ -76,3 +76,6 @@ def test(rules_dirs, only, verbose):
             click.echo(f"{mark} {r.rule}: {r.capture} (want {want}; {r.detail})")
     click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     sys.exit(1 if failed else 0)
+
+
+command.add_command(__import__(f"{__package__}.rules_export", fromlist=["x"]).export_command)  # kvdoctor rules export
