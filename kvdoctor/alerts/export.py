@@ -151,7 +151,7 @@ def _value(signal: str) -> str:
 
 
 def _alert(name: str, cond: C.Cond, table: EngineTable, opts: Options, params: dict[str, float],
-           severity: str, title: str, rule_id: str, description: str, for_s: float) -> tuple[dict | None, set[str]]:
+           severity: str, title: str, rule_id: str, for_s: float) -> tuple[dict | None, set[str]]:
     unknown: set[str] = set()
     expr = translate(cond, table, opts.window, opts.slo, params, unknown)
     if expr is None:
@@ -167,8 +167,8 @@ def _alert(name: str, cond: C.Cond, table: EngineTable, opts: Options, params: d
         "labels": {"severity": severity, "engine": table.name, "kvdoctor_rule": rule_id},
         "annotations": {
             "summary": f"{{{{ $labels.instance }}}} ({table.title}): {title}; {value} over {opts.window}",
-            "description": " ".join(description.split()) + (" " if description else "") +
-            f"Diagnose: kvdoctor diagnose --prometheus URL --selector '{{instance=\"{{{{ $labels.instance }}}}\"}}' --since 1h",
+            # the rule's description and fixes are on the runbook page; this says how to dig in
+            "description": f"Diagnose: kvdoctor diagnose --prometheus URL --selector '{{instance=\"{{{{ $labels.instance }}}}\"}}' --since 1h",
             "runbook_url": f"{opts.runbook_base}#{rule_id}",
         },
     }, unknown
@@ -221,14 +221,14 @@ def export(rules: list, opts: Options | None = None) -> Export:
         alerts: list[dict] = []
         for rule in sorted(rules, key=lambda r: r.id):
             a, unknown = _alert(camel(rule.id), rule.when, table, opts, rule.params, rule.severity,
-                                rule.title, rule.id, rule.description, rule.for_s)
+                                rule.title, rule.id, rule.for_s)
             if a is None:
                 per_rule_unknown.setdefault(rule.id, {})[table.name] = unknown
             else:
                 alerts.append(a)
         for x in EXTRAS:
             cond = C.parse(x.when, x.name, _known_signals(), {})
-            a, unknown = _alert(x.name, cond, table, opts, {}, x.severity, x.title, x.runbook, "", 0.0)
+            a, unknown = _alert(x.name, cond, table, opts, {}, x.severity, x.title, x.runbook, 0.0)
             if a is None:
                 per_rule_unknown.setdefault(x.name, {})[table.name] = unknown
             else:
