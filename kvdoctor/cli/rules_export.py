@@ -34,7 +34,6 @@ def export_command(fmt, output, rules_dirs, window, slo, min_for, for_all, runbo
 
     Exit status: 0 written, 1 --check found a difference, 2 bad input, 3 bad rule file.
     """
-    import yaml
 
     from ..alerts import export as E
     from ..alerts.runbooks import markdown
