@@ -129,6 +129,12 @@ def test_burst_is_coalesced_deduplicated_and_unreachable_prometheus_still_forwar
         incs = _get(url + "/incidents", "s3cret")["incidents"]
         assert len(incs) == 100 and sum(i["status"] == "resolved" for i in incs) == 10
         assert {i["diagnosis"] for i in incs} == {"unavailable"}
+        # the sidecar's alert is about the server it watches, not the sidecar's own address
+        side = _alert("side1", "10.0.0.9:9400", name="KvdoctorIncidentActive")
+        side["labels"]["server"] = "http://10.0.0.7:8000"
+        _post(url + "/alertmanager", _payload([side]), "s3cret")
+        inc = poll(lambda: [i for i in _get(url + "/incidents", "s3cret")["incidents"] if i["fingerprint"] == "side1"], 10, "it")
+        assert inc[0]["instance"] == "10.0.0.7:8000"
         # bad payloads: one line naming the field, 400
         status, got = _post(url + "/alertmanager", {"version": "3", "alerts": []}, "s3cret")
         assert status == 400 and "payload.version" in got["error"]

@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import InputError
 from ..report.summary import duration_text
@@ -123,7 +124,7 @@ class OnCall:
 
     def _open(self, fp: str, a: dict[str, Any]) -> Incident:
         labels = {str(k): str(v) for k, v in a["labels"].items()}
-        instance = labels.get(self.setup.group_by) or labels.get("server") or "unknown"
+        instance = _instance(labels, self.setup.group_by)
         inc = Incident(self._next, fp, labels.get("alertname", "?"), instance, labels.get("severity", "?"), labels,
                        {str(k): str(v) for k, v in (a.get("annotations") or {}).items()},
                        _time(a.get("startsAt")) or time.time())
@@ -229,6 +230,15 @@ class OnCall:
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "prometheus": self.setup.prometheus, "queued": len(self.pending),
                 "open": sum(i.status == "firing" for i in self.incidents.values()), **self.stats}
+
+
+def _instance(labels: dict[str, str], group_by: str) -> str:
+    """The engine instance an alert is about: the sidecar's alert (KvdoctorIncidentActive) names
+    the server it watches in ``server`` (a URL); its own ``instance`` is the sidecar's address."""
+    server = labels.get("server", "")
+    if "://" in server and urlsplit(server).netloc:
+        return urlsplit(server).netloc
+    return labels.get(group_by) or server or "unknown"
 
 
 def _time(v: Any) -> float | None:
