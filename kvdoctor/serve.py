@@ -35,8 +35,9 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def make_app(metrics: Metrics, incidents: Callable[[], list[dict[str, Any]]], health: Callable[[], dict[str, Any]],
-             report_html: Callable[[], str | None] | None = None, token: str | None = None) -> web.Application:
+def bearer_auth(token: str | None):
+    """Middleware: with a token, every path but /healthz needs ``Authorization: Bearer TOKEN``
+    (the sidecar's endpoints and `kvdoctor oncall`'s)."""
     @web.middleware
     async def auth(request: web.Request, handler):
         if token and request.path != "/healthz":
@@ -45,6 +46,11 @@ def make_app(metrics: Metrics, incidents: Callable[[], list[dict[str, Any]]], he
                 return web.json_response({"error": "missing or wrong bearer token"}, status=401,
                                          headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
+    return auth
+
+
+def make_app(metrics: Metrics, incidents: Callable[[], list[dict[str, Any]]], health: Callable[[], dict[str, Any]],
+             report_html: Callable[[], str | None] | None = None, token: str | None = None) -> web.Application:
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.json_response(health(), dumps=lambda o: orjson.dumps(o).decode())
@@ -61,7 +67,7 @@ def make_app(metrics: Metrics, incidents: Callable[[], list[dict[str, Any]]], he
             return web.Response(status=503, text="no report yet: the sidecar has not captured enough to report\n")
         return web.Response(text=html, content_type="text/html")
 
-    app = web.Application(middlewares=[auth])
+    app = web.Application(middlewares=[bearer_auth(token)])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/incidents", incidents_handler)

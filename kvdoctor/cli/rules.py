@@ -102,3 +102,6 @@ def _corpus(rules, fmt: str, corpus: str | None) -> None:
         click.echo(orjson.dumps(K.to_json(scores, cases), option=orjson.OPT_INDENT_2).decode())
     else:
         click.echo(K.table(scores, cases), nl=False)
+
+
+command.add_command(__import__(f"{__package__}.rules_export", fromlist=["x"]).export_command)  # kvdoctor rules export
