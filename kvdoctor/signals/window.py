@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..capture.reader import Capture
-from .registry import REGISTRY, fit, split_medians
+from .registry import FIT_MIN_X_SPREAD_FRAC, REGISTRY, fit, split_medians
 
 #: error texts that mean "no room in the KV cache / context", across engines
 _CONTEXT_ERROR = re.compile(r"context|kv cache|too long|exceed|max_model_len|max_tokens|out of memory|oom", re.I)
@@ -371,7 +371,7 @@ class Window:
         key = f"fit:{x}:{y}"
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = fit(self.r(x), self.r(y))
+            hit = self._cache[key] = fit(self.r(x), self.r(y), min_spread_frac=FIT_MIN_X_SPREAD_FRAC)
         return hit
 
     def value(self, name: str) -> float:
