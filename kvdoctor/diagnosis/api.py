@@ -50,8 +50,12 @@ class Diagnosis:
     warnings: list[str] = field(default_factory=list)
     #: the analysed capture, kept so reports reuse it instead of preparing it again
     prepared: Prepared | None = field(default=None, repr=False)
+    #: False when the capture has no send times: positions are then request numbers in file order
+    arrivals_known: bool = True
 
     def time_label(self, t: float) -> str:
+        if not self.arrivals_known:
+            return f"#{t - self.start_s + 1:.0f}"  # the request's place in the file, not a time
         if self.capture.meta.clock == "unix" and t > 1e9:
             return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         return f"+{t - self.start_s:.0f}s"
@@ -65,8 +69,9 @@ class Diagnosis:
                 "requests": len(self.capture.requests),
                 "start": self.time_label(self.start_s),
                 "end": self.time_label(self.end_s),
-                "start_s": _num(self.start_s),
-                "end_s": _num(self.end_s),
+                "start_s": _num(self.start_s) if self.arrivals_known else None,
+                "end_s": _num(self.end_s) if self.arrivals_known else None,
+                "arrivals_known": self.arrivals_known,
                 "engine": meta.engine,
                 "model": meta.model,
                 "sources": {k: {"ok": v.ok, "detail": v.detail} for k, v in meta.sources.items()},
@@ -83,8 +88,8 @@ class Diagnosis:
             "title": inc.causes[0].rule.title,
             "start": self.time_label(inc.start_s),
             "end": self.time_label(inc.end_s),
-            "start_s": _num(inc.start_s),
-            "end_s": _num(inc.end_s),
+            "start_s": _num(inc.start_s) if self.arrivals_known else None,
+            "end_s": _num(inc.end_s) if self.arrivals_known else None,
             "impact": {k: _num(v) for k, v in inc.impact.items()},
             "causes": [
                 {
@@ -93,6 +98,7 @@ class Diagnosis:
                     "cause": c.cause,
                     "confidence": round(c.confidence, 3),
                     "evidence": {name: {"value": _num(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},
+                    "not_measured": [name for name, v in c.evidence.items() if _num(v) is None],
                     "fixes": [{"title": f.title, "why": f.why, "knobs": f.knobs} for f in c.fixes],
                     "references": list(c.rule.references),
                 }
@@ -115,4 +121,12 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
     options = options or Options()
     prep = Prepared(capture, options.slo)
     found = incidents(prep, rules, options, progress) if (len(capture.requests) or len(prep.engine_t) or len(prep.gpu_t)) else []
-    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, list(capture.warnings), prep)
+    warnings = list(capture.warnings)
+    if not prep.arrivals_known:
+        warnings.append(ARRIVALS_UNKNOWN)
+    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, warnings, prep, prep.arrivals_known)
+
+
+#: the warning every output carries for a capture without send times (llmperf files, old vLLM results)
+ARRIVALS_UNKNOWN = ("arrival times unknown (the source has no send times): requests are in file order; "
+                    "rates, per-minute error rates and trends through the run are not measured")
