@@ -126,7 +126,7 @@ def test_capture_matches_client_and_endpoints_serve(server, tmp_path, wait_for):
 def test_sigkill_leaves_a_readable_capture(server, tmp_path, wait_for):
     proc, cap, _, proxy = _attach(server, tmp_path)
     asyncio.run(loadgen.run_load(proxy, loadgen.short_prompts(4, max_tokens=8), concurrency=2))
-    wait_for(lambda: len(kvdoctor.load(cap).requests) == 4 and len(kvdoctor.load(cap).engine.time_s) >= 1,
+    wait_for(lambda: (lambda c: len(c.requests) == 4 and len(c.engine.time_s) >= 1)(kvdoctor.load(cap)),
              what="4 requests and a scrape written to the capture")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
