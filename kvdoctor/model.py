@@ -142,6 +142,10 @@ class CaptureMeta:
     text_stored: bool = False
     attribution: str | None = None
     tool_version: str | None = None
+    #: False when the source has no send (or finish) times, e.g. llmperf result files: requests
+    #: are in file order and rates or anything per minute are unknown. None: not said (judged
+    #: from the records)
+    arrivals_known: bool | None = None
 
 
 RECORD_TYPES = {

@@ -107,10 +107,14 @@ def test_llmperf_real_results(tmp_path):
     assert failed, "the bedrock excerpt has llmperf-flagged requests"
     for i in failed:
         r = rows[f"bedrock_70b/{i}"]
-        assert r["status"] == "error"
+        # -100 "Output too few tokens N" is llmperf's own check on a *completed* request: the
+        # server answered (TTFT and e2e were measured), so it is not a failure; the flag is kept
+        assert bedrock[i]["error_msg"].startswith("Output too few tokens")
+        assert r["status"] == "ok"
         assert bedrock[i]["error_msg"] in r["error"]
         assert r["http_status"] is None  # -100 is llmperf's own code, not HTTP
-    assert sum(r["status"] == "error" for r in rows.values()) == len(failed)
+        assert r["ttft_s"] == pytest.approx(bedrock[i]["ttft_s"])
+    assert not any(r["status"] == "error" for r in rows.values())
     assert "GEN_TEXT" not in (tmp_path / "cap" / "requests-000001.jsonl").read_text()
 
 
@@ -126,7 +130,7 @@ def test_llmperf_folder_and_start_time(tmp_path):
     rows = by_id(do_import(tmp_path, "llmperf", f, name="c2"))
     assert rows["0"]["arrival_s"] == 3.5 and rows["0"]["finish_s"] == pytest.approx(4.7)
     assert rows["0"]["tpot_s"] == pytest.approx(0.1)
-    assert rows["1"]["status"] == "error" and rows["1"]["http_status"] == 429
+    assert rows["1"]["status"] == "rejected" and rows["1"]["http_status"] == 429  # a rate limit refused it
     assert rows["1"]["ttft_s"] is None and rows["1"]["e2e_s"] is None  # 0 = never measured
 
 

@@ -75,9 +75,6 @@ RETRY_WITHIN_S = 1.0
 #: return a connection to the pool only if its request took less than this (seconds)
 REUSE_WITHIN_S = 4.0
 
-_CONTEXT_WORDS = ("context", "kv cache", "kv-cache", "too long", "maximum length",
-                  "max_model_len", "exceed", "too many tokens", "prompt is too long")
-
 
 def _hop_headers(headers: Any) -> set[str]:
     """Hop-by-hop names: the fixed set, Proxy-*, and those listed in Connection."""
@@ -130,13 +127,12 @@ def _error_message(obj: Any) -> str | None:
 
 
 def _is_rejection(http_status: int, message: str | None, err_type: str | None) -> bool:
-    """A 4xx about context length / KV space (or 429): the server refused the request."""
-    if http_status == 429:
-        return True
-    if not 400 <= http_status < 500:
-        return False
-    text = f"{err_type or ''} {message or ''}".lower()
-    return any(w in text for w in _CONTEXT_WORDS)
+    """The server or a gateway refused the request (429 rate limit, context too long, 503
+    overloaded) rather than failing it: one classifier, kvdoctor/error_classes.py."""
+    from .. import error_classes
+
+    cls = error_classes.classify(http_status, err_type, message, status="error")
+    return cls is not None and error_classes.CLASSES[cls].status == "rejected"
 
 
 #: an id we keep verbatim: short, printable, no spaces (anything else gets a random id)

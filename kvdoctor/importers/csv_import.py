@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from .. import error_classes
 from ..errors import InputError
 from ..model import CaptureMeta, RequestRecord, derive_request
 from . import describe, parse_options, request_id_for
@@ -342,6 +343,9 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
                     kw = {f: v for f, v in zip(fields, values) if v is not None}
                     if kw.get("request_id") is None:
                         kw["request_id"] = request_id_for(len(paths), stem, row0 + j)
+                    st = error_classes.record_status(kw.get("status"), kw.get("http_status"), kw.get("error"))
+                    if st is not None:
+                        kw["status"] = st
                     yield derive_request(RequestRecord(**kw))
 
     notes = []
@@ -349,7 +353,7 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
         notes.append("no arrival/finish column mapped: request times unknown, time-based views are unavailable")
     if any(c.saw_datetime for c in instants):
         notes.append("date-times without a zone are read as UTC")
-    meta = CaptureMeta(clock=clock, origin=f"import:{NAME}")
+    meta = CaptureMeta(clock=clock, origin=f"import:{NAME}", arrivals_known=bool(instants))
     return Imported(meta=meta, records=records(), notes=notes)
 
 

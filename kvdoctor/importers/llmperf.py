@@ -8,7 +8,8 @@ The file is a JSON list with one object per request::
 
 Mapping: ``ttft_s`` -> ttft_s, ``end_to_end_latency_s`` -> e2e_s, ``number_input_tokens`` ->
 prompt_tokens, ``number_output_tokens`` -> output_tokens, ``error_code``/``error_msg`` -> status,
-error and (for 100-599 codes) http_status; ``start_time`` (newer llmperf: seconds since the test
+error and (for 100-599 codes) http_status, the status from kvdoctor/error_classes.py (llmperf's
+own -100 "Output too few tokens" flags a *completed* request: status ok, error text kept); ``start_time`` (newer llmperf: seconds since the test
 started) -> arrival_s on a relative clock. Older files carry no send times, so arrivals stay unset.
 
 ``inter_token_latency_s`` is not a mean gap between tokens: llmperf sums every chunk gap *including
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 
 import orjson
 
+from .. import error_classes
 from ..errors import InputError
 from ..model import CaptureMeta, RequestRecord, derive_request
 from . import integer, num, parse_options, request_id_for
@@ -63,14 +65,17 @@ def _record(path: Path, item: Any, i: int, rid: str) -> RequestRecord:
     msg = item.get("error_msg") or None
     if code is not None:
         code = integer(code, f"{where}.error_code")
-    failed = code is not None or msg is not None
+    flagged = code is not None or msg is not None
     ttft = num(item.get("ttft_s"), f"{where}.ttft_s")
     e2e = num(item.get("end_to_end_latency_s"), f"{where}.end_to_end_latency_s")
-    if failed:
+    # llmperf's negative codes are its own checks (-100: "Output too few tokens", a completed
+    # request that stopped early); 100-599 are HTTP statuses. The classifier tells them apart.
+    status, cls = error_classes.status_for(code, None, msg) if flagged else ("ok", None)
+    if flagged and (error_classes.CLASSES[cls].failure if cls else True):
         ttft = ttft or None  # 0 on an errored request = never measured
         e2e = e2e or None
     error = None
-    if failed:
+    if flagged:
         error = str(msg) if msg is not None else f"error code {code}"
         if msg is not None and code is not None and str(code) not in error:
             error = f"{error} (code {code})"
@@ -81,7 +86,7 @@ def _record(path: Path, item: Any, i: int, rid: str) -> RequestRecord:
         e2e_s=e2e,
         prompt_tokens=integer(item.get("number_input_tokens"), f"{where}.number_input_tokens"),
         output_tokens=integer(item.get("number_output_tokens"), f"{where}.number_output_tokens"),
-        status="error" if failed else "ok",
+        status=status,
         error=error,
         http_status=code if code is not None and 100 <= code <= 599 else None,
     ))
@@ -102,5 +107,5 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
              "TPOT derived as (e2e - ttft)/(output_tokens - 1)"]
     if not has_start:
         notes.append("no per-request start times in the file: arrivals unknown, time-based views are unavailable")
-    meta = CaptureMeta(clock="relative", origin=f"import:{NAME}")
+    meta = CaptureMeta(clock="relative", origin=f"import:{NAME}", arrivals_known=True if has_start else False)
     return Imported(meta=meta, records=records(), notes=notes)

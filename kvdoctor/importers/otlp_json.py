@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import orjson
 
+from .. import error_classes
 from ..errors import InputError
 from ..model import CaptureMeta, RequestRecord, derive_request
 from . import describe, parse_options
@@ -93,6 +94,15 @@ def request_from_span_attributes(attrs: dict[str, Any], start_unix_nano: int | N
     decode = _attr_num(attrs, A_DECODE)
     tpot = decode / (out_tok - 1) if decode is not None and out_tok is not None and out_tok > 1 else None
     model = next((attrs[k] for k in A_MODEL if attrs.get(k)), None)
+    # OTel semantic conventions: http.response.status_code (older http.status_code), error.type
+    http = _attr_int(attrs, "http.response.status_code")
+    if http is None:
+        http = _attr_int(attrs, "http.status_code")
+    etype = attrs.get("error.type")
+    etype = str(etype) if etype is not None else None
+    failed = error is not None or etype is not None or (http is not None and http >= 400)
+    if failed and error is None:
+        error = etype or f"HTTP {http}"
     return derive_request(RequestRecord(
         request_id=str(rid),
         arrival_s=arrival,
@@ -103,8 +113,10 @@ def request_from_span_attributes(attrs: dict[str, Any], start_unix_nano: int | N
         queue_s=_attr_num(attrs, A_QUEUE),
         prompt_tokens=_attr_int(attrs, A_PROMPT),
         output_tokens=out_tok,
-        status="error" if error is not None else None,
-        error=(error or "span status ERROR") if error is not None else None,
+        # one classifier for every format: a 499 or a cancelled span is not a server error
+        status=error_classes.record_status(None, http, error, etype) if failed else None,
+        error=(error or "span status ERROR") if failed else None,
+        http_status=http,
         model=str(model) if model is not None else None,
     ))
 

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 import orjson
 
+from .. import error_classes
 from ..errors import InputError
 from ..model import CaptureMeta, RequestRecord, derive_request
 from . import describe, integer, num, parse_options
@@ -106,7 +107,11 @@ def _request(path: Path, run_no: int, run: dict[str, Any], i: int, rid: str, ori
     arrival = start - origin if start is not None and origin is not None else None
     prompt = integer(at("input_lens"), f"{where}: input_lens")
     if failed:
-        return derive_request(RequestRecord(request_id=rid, arrival_s=arrival, prompt_tokens=prompt, status="error",
+        # the error text is the client's exception (e.g. "429, message='Too Many Requests'"):
+        # the classifier decides rejected / cancelled / error
+        status = error_classes.status_for(None, None, error)[0] if error else "error"
+        return derive_request(RequestRecord(request_id=rid, arrival_s=arrival, prompt_tokens=prompt,
+                                            status=status if status != "ok" else "error",
                                             error=error or "request failed (no error text in the result)"))
     if not ttft and not itl:
         ttft = None  # a non-streaming backend reports ttft 0: unknown, and so is e2e unless saved
@@ -157,5 +162,6 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
         notes.append(f"runs use several models ({', '.join(sorted(models))}); meta.model is the first")
     bench = {k: run0[k] for k in _RUN_META if k in run0}
     meta = CaptureMeta(clock="relative", origin=f"import:{NAME}", model=run0.get("model_id"),
+                       arrivals_known=_origin(run0) is not None,
                        config={"benchmark": {"tool": "vllm bench serve", **bench}} if bench else {})
     return Imported(meta=meta, records=records(), notes=notes)

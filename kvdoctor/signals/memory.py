@@ -96,7 +96,7 @@ def rss_growth_corr(w):
 def load_change(w):
     """Change of request rate from the first half of the window to the second (0 = flat)."""
     t = w.prep.t[w.req]
-    if len(t) < 20:
+    if len(t) < 20 or not w.prep.arrivals_known:
         return np.nan
     mid = (w.t0 + w.t1) / 2
     first, second = np.sum(t < mid), np.sum(t >= mid)

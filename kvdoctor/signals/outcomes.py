@@ -67,15 +67,74 @@ def errors(w):
     return float(w.prep.is_error[w.req].sum())
 
 
+def _class_count(w, *names: str) -> float:
+    """Requests in the window whose error class (kvdoctor/error_classes.py) is one of ``names``;
+    NaN without request records (an engine's failure counter does not say why)."""
+    if w.n_requests == 0:
+        return np.nan
+    return float(np.isin(w.prep.error_class[w.req], names).sum())
+
+
 @signal("context_errors", "count")
 def context_errors(w):
-    """Requests refused or failed for lack of context/KV space."""
-    return float(w.prep.is_context_error[w.req].sum())
+    """Requests refused because prompt + output exceed the context a request may use."""
+    return _class_count(w, "context_overflow")
+
+
+@signal("rate_limited_errors", "count")
+def rate_limited(w):
+    """Requests refused by a rate limit or quota (HTTP 429): a client/gateway limit, not the engine."""
+    return _class_count(w, "rate_limited")
+
+
+@signal("kv_exhausted_errors", "count")
+def kv_exhausted(w):
+    """Requests that failed because the KV cache or GPU memory ran out (out of memory, no free blocks)."""
+    return _class_count(w, "kv_exhausted")
+
+
+@signal("overload_errors", "count")
+def overloaded(w):
+    """Requests the server or gateway shed (HTTP 503, queue full, no free slot)."""
+    return _class_count(w, "overloaded")
+
+
+@signal("timeout_errors", "count")
+def timeouts(w):
+    """Requests that ran past a timeout (HTTP 408/504, timed out)."""
+    return _class_count(w, "timeout")
+
+
+@signal("invalid_request_errors", "count")
+def invalid_requests(w):
+    """Requests refused as malformed or unauthorised (other HTTP 4xx)."""
+    return _class_count(w, "invalid_request")
+
+
+@signal("server_failure_errors", "count")
+def server_failures(w):
+    """Requests that failed inside the server (HTTP 5xx, broken stream, no connection)."""
+    return _class_count(w, "server_error")
+
+
+@signal("cancelled_requests", "count")
+def cancelled(w):
+    """Requests the client cancelled (HTTP 499, disconnect): not failures."""
+    return _class_count(w, "cancelled")
+
+
+@signal("client_flagged_requests", "count")
+def client_flagged(w):
+    """Completed requests a benchmark client flagged (e.g. llmperf 'too few output tokens'): not failures."""
+    return _class_count(w, "client_flag")
 
 
 @signal("error_rate_max_1m", "fraction")
 def error_burst(w):
-    """Highest error rate in any one-minute bucket (with at least 5 requests)."""
+    """Highest error rate in any one-minute bucket (with at least 5 requests); unknown when the
+    capture has no send times."""
+    if not w.prep.arrivals_known:
+        return np.nan
     t = w.prep.t[w.req]
     err = w.prep.is_error[w.req]
     m = np.isfinite(t)

@@ -6,16 +6,13 @@ a cheap index range into it, so evaluating hundreds of rolling windows costs lit
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
+from .. import error_classes
 from ..capture.reader import Capture
 from .registry import REGISTRY, fit, split_medians
-
-#: error texts that mean "no room in the KV cache / context", across engines
-_CONTEXT_ERROR = re.compile(r"context|kv cache|too long|exceed|max_model_len|max_tokens|out of memory|oom", re.I)
 
 #: GPU sample fields an exporter scraped beside the engine (DCGM, through a scrape or Prometheus)
 #: stands in for when the capture has no NVML samples: GpuSample field -> neutral engine name.
@@ -42,6 +39,11 @@ class Prepared:
         t = req.num("arrival_s")
         if np.all(np.isnan(t)):
             t = req.num("finish_s")
+        #: False when the source had no send or finish times (llmperf files): the request index
+        #: then stands in for time so windows still work, but rates and anything "per minute" or
+        #: "through the run" are unknown (Window.duration_s is NaN)
+        self.arrivals_known = len(req) == 0 or (bool(np.isfinite(t).any())
+                                                and getattr(cap.meta, "arrivals_known", None) is not False)
         if np.all(np.isnan(t)):  # no times at all (e.g. a benchmark summary): one window, in file order
             t = np.arange(len(req), dtype=float)
         keyed = np.where(np.isnan(t), np.inf, t)
@@ -53,15 +55,15 @@ class Prepared:
             order = np.argsort(keyed, kind="stable")
             self.t = t[order]
             self.col = {name: req.num(name)[order] for name in REQUEST_COLUMNS}
-        status_codes, status_labels = req.codes("status")
-        status = np.array(status_labels + [""], dtype=object)[status_codes[order]]
-        # a request the client gave up on is not a server failure (its latency still counts);
-        # "in-flight" rows are the live window's requests not answered yet
-        self.is_error = (status != "ok") & (status != "cancelled") & (status != "in-flight")
-        self.is_rejected = status == "rejected"
-        err_codes, err_labels = req.codes("error")
-        ctx_err = np.array([bool(_CONTEXT_ERROR.search(s or "")) for s in err_labels] + [False])
-        self.is_context_error = ctx_err[err_codes[order]] & self.is_error
+        #: each request's error class (kvdoctor/error_classes.py), "" for a success
+        self.error_class = _error_classes(req)[order]
+        # a request the client gave up on, or one a benchmark client merely flagged, is not a
+        # server failure (its latency still counts); "in-flight" rows are the live window's
+        # requests not answered yet
+        failing = [c for c, e in error_classes.CLASSES.items() if e.failure]
+        self.is_error = np.isin(self.error_class, failing)
+        self.is_rejected = self.is_error & np.isin(self.error_class, ["rate_limited", "context_overflow", "overloaded"])
+        self.is_context_error = self.error_class == "context_overflow"
         self.col["context_tokens"] = self.col["prompt_tokens"] + np.nan_to_num(self.col["output_tokens"])
         fin = self.col["finish_s"]
         # finishes in time order (nearly sorted already: timsort is fast), shared by both below
@@ -205,6 +207,25 @@ class Prepared:
         return Window(self, t0, t1)
 
 
+def _error_classes(req) -> np.ndarray:
+    """Error class per request in file order, classifying each distinct (status, HTTP status,
+    error text) once: a big capture has few distinct error texts."""
+    n = len(req)
+    if n == 0:
+        return np.array([], dtype=object)
+    s_codes, s_labels = req.codes("status")
+    e_codes, e_labels = req.codes("error")
+    http = req.num("http_status")
+    key = np.stack([s_codes.astype(np.int64), e_codes.astype(np.int64),
+                    np.where(np.isfinite(http), http, -1).astype(np.int64)], axis=1)
+    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+    s_labels, e_labels = list(s_labels) + [None], list(e_labels) + [None]
+    names = np.array([error_classes.classify(None if h < 0 else int(h), None, e_labels[e],
+                                                   s_labels[s] or ("error" if e_labels[e] else "ok")) or ""
+                      for s, e, h in uniq], dtype=object)
+    return names[inverse.ravel()]
+
+
 def gpu_from_engine(cap: Capture):
     """GPU rows (one per engine sample) from exporter metrics in the engine samples, for
     captures without NVML: the same GPU signals and charts then work on DCGM data."""
@@ -246,6 +267,9 @@ class Window:
 
     @property
     def duration_s(self) -> float:
+        """Seconds the window spans; NaN when the capture has no times (see Prepared.arrivals_known)."""
+        if not self.prep.arrivals_known and not (len(self.prep.engine_t) or len(self.prep.gpu_t)):
+            return float("nan")
         return max(self.t1 - self.t0, 0.0)
 
     @property
