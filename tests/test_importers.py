@@ -25,6 +25,9 @@ AZURE = TRACES / "azure2023_AzureLLMInferenceTrace_code_head2000.csv"
 MOONCAKE = TRACES / "mooncake_conversation_trace_head2000.jsonl"
 VLLM_OLD = DATA / "vllm_bench" / "vllm-2.0qps-Llama-3.1-8B-Instruct-20250601-101500.json"
 VLLM_NEW = DATA / "vllm_bench" / "vllm-4.0qps-Llama-3.1-8B-Instruct-start_times.json"
+AIPERF = TRACES / "aiperf" / "profile_export.jsonl"
+AIPERF_AGG = TRACES / "aiperf" / "profile_export_aiperf.json"
+GUIDELLM = TRACES / "guidellm" / "benchmarks_stripped.json"
 
 AIBRIX_COLS = ["--col", "arrival_s=launch_time", "--col", "finish_s=finish_time", "--col", "ttft_s=ttft",
                "--col", "prompt_tokens=prompt_tokens", "--col", "output_tokens=generation_tokens",
@@ -65,7 +68,8 @@ def assert_one_line_error(res, *needles: str) -> str:
 # -- registry ---------------------------------------------------------------------------------
 
 def test_registry_lists_formats_and_loads_modules():
-    assert set(importers.IMPORTERS) == {"vllm-bench", "llmperf", "csv", "mooncake", "otlp-json", "prometheus", "prometheus-range"}
+    assert set(importers.IMPORTERS) == {"vllm-bench", "llmperf", "csv", "mooncake", "otlp-json", "prometheus",
+                                        "prometheus-range", "aiperf", "guidellm"}
     for name in importers.IMPORTERS:
         mod = importers.get(name)
         assert mod.NAME == name and mod.SUMMARY and callable(mod.read)
@@ -78,6 +82,8 @@ def test_registry_lists_formats_and_loads_modules():
     ("csv", AIBRIX_41, {"columns": {"ttft_s": "ttft"}}),
     ("mooncake", MOONCAKE, {}),
     ("vllm-bench", VLLM_OLD, {}),
+    ("aiperf", AIPERF, {}),
+    ("guidellm", GUIDELLM, {}),
 ])
 def test_importers_stream_records(fmt, path, opts):
     imported = importers.get(fmt).read([path], opts)
@@ -484,3 +490,97 @@ def test_samples_load():
         cap = kvdoctor.load(folder)
         assert len(cap.requests) == n and cap.meta.attribution
         assert sum(p.stat().st_size for p in folder.iterdir()) < 2_000_000
+
+
+# -- AIPerf ---------------------------------------------------------------------------------
+
+def test_aiperf_real_profile_export(tmp_path):
+    """AIPerf's published example run (ai-dynamo/aiperf examples/artifacts/run1): 100 records,
+    11 cancelled by the client (code 499). The imported numbers must reproduce AIPerf's own
+    aggregate file written next to it, and cancellations are not failures."""
+    cap = do_import(tmp_path, "aiperf", AIPERF)
+    assert cap.meta.origin == "import:aiperf" and cap.meta.clock == "unix"
+    rows = by_id(cap)
+    src = [json.loads(line) for line in AIPERF.read_text().splitlines()]
+    assert len(rows) == len(src) == 100
+    agg = json.loads(AIPERF_AGG.read_text())["records"]
+    cancelled = [s for s in src if s["error"]]
+    assert len(cancelled) == agg["error_request_count"]["avg"] == 11
+    for s in cancelled:
+        r = rows[s["metadata"]["x_request_id"]]
+        assert s["error"]["code"] == 499 and r["status"] == "cancelled"  # a client cancellation
+        assert r["http_status"] == 499 and "RequestCancellationError" in r["error"]
+    ok = [r for r in rows.values() if r["status"] == "ok"]
+    assert len(ok) == agg["request_count"]["avg"] == 89
+    ttft_ms = np.array([r["ttft_s"] for r in ok]) * 1000
+    for stat, got in (("p50", np.median(ttft_ms)), ("avg", ttft_ms.mean()), ("min", ttft_ms.min()), ("max", ttft_ms.max())):
+        assert got == pytest.approx(agg["ttft"][stat], rel=1e-9), stat
+    lat_ms = np.array([r["e2e_s"] for r in ok]) * 1000
+    assert np.median(lat_ms) == pytest.approx(agg["request_latency"]["p50"], rel=1e-9)
+    assert np.median([r["output_tokens"] for r in ok]) == agg["output_sequence_length"]["p50"]
+    # per request: times on the Unix clock from the ns stamps, chunk gaps kept in seconds
+    s = next(x for x in src if not x["error"])
+    r = rows[s["metadata"]["x_request_id"]]
+    assert r["arrival_s"] == pytest.approx(s["metadata"]["timestamp_ns"] / 1e9)
+    assert r["finish_s"] == pytest.approx(s["metrics"]["max_response_timestamp"]["value"] / 1e9)
+    assert r["itl_s"] == pytest.approx([v / 1000 for v in s["metrics"]["inter_chunk_latency"]["value"]])
+    assert r["session_id"] == s["metadata"]["x_correlation_id"] and r["turn"] == 1
+
+
+def test_aiperf_diagnose_counts_cancellations_apart(tmp_path):
+    cap = do_import(tmp_path, "aiperf", AIPERF)
+    from kvdoctor.diagnosis import diagnose
+
+    diag = diagnose(cap)
+    assert not any(i.symptom == "errors" for i in diag.incidents)
+    w = diag.prepared.window(diag.start_s, diag.end_s)
+    assert w.value("errors") == 0 and w.value("cancelled_requests") == 11
+
+
+def test_aiperf_bad_input(tmp_path):
+    agg = run_cli("aiperf", AIPERF_AGG, "-o", tmp_path / "x")
+    assert_one_line_error(agg, "profile_export_aiperf.json", "profile_export.jsonl")
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"metadata": {"x_request_id": "a"}, "metrics": {"ttft": {"value": 5, "unit": "parsecs"}}, "error": null}\n')
+    assert_one_line_error(run_cli("aiperf", bad, "-o", tmp_path / "y"), "line 1", "metrics.ttft.unit")
+
+
+# -- GuideLLM -------------------------------------------------------------------------------
+
+def test_guidellm_real_report_json_and_yaml(tmp_path):
+    """The only GuideLLM report with per-request rows in its public repository: a real run kept
+    as a test asset, stripped to one request (vllm-project/guidellm tests/unit/entrypoints/assets)."""
+    src = json.loads(GUIDELLM.read_text())["benchmarks"][0]["requests"]["successful"][0]
+    for path, name in ((GUIDELLM, "j"), (GUIDELLM.with_suffix(".yaml"), "y")):
+        cap = do_import(tmp_path, "guidellm", path, name=name)
+        (r,) = by_id(cap).values()
+        assert r["request_id"] == src["request_id"] and r["status"] == "ok"
+        assert r["arrival_s"] == src["start_time"] and r["finish_s"] == src["end_time"]
+        assert r["ttft_s"] * 1000 == pytest.approx(src["time_to_first_token_ms"])
+        assert r["first_token_s"] == pytest.approx(src["first_token_time"])
+        assert r["e2e_s"] == pytest.approx(src["request_latency"])
+        assert (r["prompt_tokens"], r["output_tokens"]) == (src["prompt_tokens"], src["output_tokens"])
+        # GuideLLM's inter-token latency is kvdoctor's TPOT (decode time / (tokens - 1))
+        assert r["tpot_s"] * 1000 == pytest.approx(src["inter_token_latency_ms"], rel=1e-3)
+    assert "such a sacrifice" not in (tmp_path / "j" / "requests-000001.jsonl").read_text()  # no text kept
+
+
+def test_guidellm_errored_and_incomplete_rows(tmp_path):
+    """Rows in the documented schema (newer GuideLLM: info.timings, info.error) for the classes the
+    public asset lacks: an errored row is classified, an incomplete one is a cancellation."""
+    def row(rid, err=None):
+        return {"request_id": rid, "prompt_tokens": 300, "output_tokens": 0, "request_start_time": 100.0,
+                "request_end_time": 100.5, "info": {"error": err, "timings": {"request_start": 100.0}}}
+    report = {"benchmarks": [{"requests": {"successful": [], "incomplete": [row("c")],
+                                           "errored": [row("r", "429, message='Too Many Requests'"),
+                                                       row("x", "This model's maximum context length is 4096 tokens")]}}]}
+    f = tmp_path / "benchmarks.json"
+    f.write_text(json.dumps(report))
+    rows = by_id(do_import(tmp_path, "guidellm", f))
+    assert rows["c"]["status"] == "cancelled"
+    assert rows["r"]["status"] == "rejected" and "Too Many Requests" in rows["r"]["error"]
+    assert rows["x"]["status"] == "rejected"
+    bad = tmp_path / "b.json"
+    bad.write_text(json.dumps({"benchmarks": [{"requests": {"successful": {"a": 1}}}]}))
+    assert_one_line_error(run_cli("guidellm", bad, "-o", tmp_path / "z"), "benchmarks[0].requests.successful")
+    assert_one_line_error(run_cli("guidellm", AIPERF_AGG, "-o", tmp_path / "w"), "\"benchmarks\" list")

@@ -97,6 +97,8 @@ FORMAT is one of:
   otlp-json   OTLP/JSON traces from the OpenTelemetry Collector file exporter
               (vLLM/SGLang llm_request spans)
   prometheus  Prometheus text-format scrapes of an engine's /metrics
+  aiperf      NVIDIA AIPerf profile_export.jsonl (per-request records; 499 = cancelled)
+  guidellm    GuideLLM benchmarks.json / .yaml (per-request rows of each benchmark)
 
 \b
 Examples:
@@ -109,6 +111,8 @@ Examples:
       --col prompt_tokens=ContextTokens --col output_tokens=GeneratedTokens
   kvdoctor import mooncake conversation_trace.jsonl -o cap/ --opt block_tokens=512
   kvdoctor import otlp-json traces.jsonl -o cap/ --engine vllm
+  kvdoctor import aiperf artifacts/my-run/profile_export.jsonl -o cap/
+  kvdoctor import guidellm benchmarks.json -o cap/
   kvdoctor import prometheus scrape-*.prom -o cap/
   kvdoctor import prometheus-range http://prom:9090 -o cap/ --opt selector='{job="vllm"}' --opt since=2h
 
@@ -117,7 +121,7 @@ csv FIELDs: request_id arrival_s first_token_s finish_s ttft_s tpot_s itl_s e2e_
   prompt_tokens output_tokens cached_prompt_tokens session_id turn status error model ...
   (instants: epoch seconds/ms, relative seconds or ISO date-times; durations in seconds).
 --opt KEY=VALUE passes format options (csv: delimiter, time_unit, duration_unit, clock;
-mooncake: block_tokens, time_unit; vllm-bench: itl=false); --opt attribution=TEXT records
+mooncake: block_tokens, time_unit; vllm-bench, aiperf: itl=false); --opt attribution=TEXT records
 where the data came from, for any format. A SRC folder takes the format's usual files.
 """
 

@@ -25,6 +25,8 @@ IMPORTERS: dict[str, str] = {
     "csv": "kvdoctor.importers.csv_import",
     "mooncake": "kvdoctor.importers.mooncake",
     "otlp-json": "kvdoctor.importers.otlp_json",
+    "aiperf": "kvdoctor.importers.aiperf",
+    "guidellm": "kvdoctor.importers.guidellm",
     "prometheus": "kvdoctor.importers.prometheus",
     "prometheus-range": "kvdoctor.importers.prometheus_range",  # fleet mode: Prometheus query_range API
 }
