@@ -56,8 +56,12 @@ class Diagnosis:
     #: the context limit used (tokens) and where it came from; None: unknown
     context_limit_tokens: float | None = None
     context_limit_source: str = ""
+    #: False when the capture has no send times: positions are then request numbers in file order
+    arrivals_known: bool = True
 
     def time_label(self, t: float) -> str:
+        if not self.arrivals_known:
+            return f"#{t - self.start_s + 1:.0f}"  # the request's place in the file, not a time
         if self.capture.meta.clock == "unix" and t > 1e9:
             return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         return f"+{t - self.start_s:.0f}s"
@@ -71,8 +75,9 @@ class Diagnosis:
                 "requests": len(self.capture.requests),
                 "start": self.time_label(self.start_s),
                 "end": self.time_label(self.end_s),
-                "start_s": _num(self.start_s),
-                "end_s": _num(self.end_s),
+                "start_s": _num(self.start_s) if self.arrivals_known else None,
+                "end_s": _num(self.end_s) if self.arrivals_known else None,
+                "arrivals_known": self.arrivals_known,
                 "engine": meta.engine,
                 "model": meta.model,
                 "sources": {k: {"ok": v.ok, "detail": v.detail} for k, v in meta.sources.items()},
@@ -92,8 +97,8 @@ class Diagnosis:
             "title": inc.causes[0].rule.title,
             "start": self.time_label(inc.start_s),
             "end": self.time_label(inc.end_s),
-            "start_s": _num(inc.start_s),
-            "end_s": _num(inc.end_s),
+            "start_s": _num(inc.start_s) if self.arrivals_known else None,
+            "end_s": _num(inc.end_s) if self.arrivals_known else None,
             "impact": {k: _num(v) for k, v in inc.impact.items()},
             "causes": [
                 {
@@ -103,6 +108,7 @@ class Diagnosis:
                     "cause": c.cause,
                     "confidence": round(c.confidence, 3),
                     "evidence": {name: {"value": _num(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},
+                    "not_measured": [name for name, v in c.evidence.items() if _num(v) is None],
                     "fixes": [{"title": f.title, "why": f.why, "knobs": f.knobs} for f in c.fixes],
                     "references": list(c.rule.references),
                 }
@@ -128,5 +134,13 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
     found = incidents(prep, rules, options, progress) if (len(capture.requests) or len(prep.engine_t) or len(prep.gpu_t)) else []
     fired = {c.rule.id for inc in found for c in inc.causes}
     missing = not_evaluated(prep.window(prep.start_s, prep.end_s), rules, fired, options.slo)
-    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, list(capture.warnings) + warnings, prep,
-                     missing, limit, limit_source)
+    warnings = list(capture.warnings) + warnings
+    if not prep.arrivals_known:
+        warnings.append(ARRIVALS_UNKNOWN)
+    return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, warnings, prep,
+                     missing, limit, limit_source, arrivals_known=prep.arrivals_known)
+
+
+#: the warning every output carries for a capture without send times (llmperf files, old vLLM results)
+ARRIVALS_UNKNOWN = ("arrival times unknown (the source has no send times): requests are in file order; "
+                    "rates, per-minute error rates and trends through the run are not measured")

@@ -37,9 +37,30 @@ def fmt(value: float | None, unit: str) -> str:
     return f"{value:,.2f} {unit}"
 
 
+def _measured(v: float | None) -> bool:
+    return v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
+
+
 def _known(evidence: dict[str, float]) -> list[tuple[str, float]]:
-    """Evidence with a value, in the rule's order (n/a readings only in the full text)."""
-    return [(k, v) for k, v in evidence.items() if v is not None and not math.isnan(v)]
+    """Evidence with a value, in the rule's order."""
+    return [(k, v) for k, v in evidence.items() if _measured(v)]
+
+
+def _not_measured(evidence: dict[str, float]) -> list[str]:
+    return [k for k, v in evidence.items() if not _measured(v)]
+
+
+def evidence_lines(evidence: dict[str, float]) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """(measured readings as (name, value text), counts that are zero, names not measured): renderers
+    show readings one a line, then the zero counts and the unmeasured names one line each, so an
+    unmeasured signal never reads like a measured 'n/a'."""
+    shown, zero = [], []
+    for k, v in _known(evidence):
+        if v == 0 and REGISTRY[k].unit == "count":
+            zero.append(k)
+        else:
+            shown.append((k, fmt(v, REGISTRY[k].unit)))
+    return shown, zero, _not_measured(evidence)
 
 
 def _evidence_line(name: str, value: float) -> str:
@@ -60,8 +81,9 @@ def _knobs(knobs: dict[str, str], engine: str | None, limit: int = 2) -> list[st
 def _header(diag: Diagnosis) -> list[str]:
     meta = diag.capture.meta
     span = max(diag.end_s - diag.start_s, 0)
-    lines = [f"kvdoctor · {diag.capture.path} · {len(diag.capture.requests):,} requests · "
-             f"{diag.time_label(diag.start_s)} → {diag.time_label(diag.end_s)} ({duration_text(span)})"]
+    when = (f"{diag.time_label(diag.start_s)} → {diag.time_label(diag.end_s)} ({duration_text(span)})"
+            if diag.arrivals_known else "arrival times unknown")
+    lines = [f"kvdoctor · {diag.capture.path} · {len(diag.capture.requests):,} requests · {when}"]
     what = " · ".join(x for x in (meta.engine and f"engine {meta.engine}", meta.model and f"model {meta.model}",
                                   meta.gpu and f"GPU {meta.gpu}") if x)
     if what:
@@ -93,6 +115,12 @@ def duration_text(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def _when(diag: Diagnosis, inc: Incident) -> str:
+    if not diag.arrivals_known:
+        return "requests " + f"{diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)}".replace("#", "")
+    return f"{diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})"
+
+
 def _impact(inc: Incident) -> str:
     parts = [f"{inc.impact.get('requests', 0):,} requests"]
     if inc.impact.get("errors"):
@@ -117,7 +145,7 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
         top = inc.causes[0]
         lines += [
             "",
-            f"[{n}] {inc.severity.upper()} {inc.symptom} · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})",
+            f"[{n}] {inc.severity.upper()} {inc.symptom} · {_when(diag, inc)}",
             f"What: {top.rule.title}",
             f"Impact: {_impact(inc)}",
             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
@@ -148,14 +176,17 @@ def full_text(diag: Diagnosis) -> str:
     if not diag.incidents:
         return "\n".join(lines + ["", "No incident: no rule fired. " + _healthy_line(diag)] + _not_evaluated(diag)) + "\n"
     for n, inc in enumerate(diag.incidents, 1):
-        lines += ["", f"Incident {n}: {inc.severity.upper()} {inc.symptom}, {diag.time_label(inc.start_s)} → "
-                      f"{diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})",
+        lines += ["", f"Incident {n}: {inc.severity.upper()} {inc.symptom}, {_when(diag, inc)}",
                   f"  impact: {_impact(inc)}"]
         for rank, c in enumerate(inc.causes, 1):
             lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}): {c.rule.title}{c.rule.tag}")
             lines.append(f"     cause: {c.cause}")
-            for k, v in c.evidence.items():
-                lines.append(f"     - {_evidence_line(k, v)}")
+            shown, zero, unmeasured = evidence_lines(c.evidence)
+            lines += [f"     - {k} = {v}" for k, v in shown]
+            if zero:
+                lines.append(f"     - zero: {', '.join(zero)}")
+            if unmeasured:
+                lines.append(f"     not measured: {', '.join(unmeasured)}")
             for f in c.fixes:
                 lines.append(f"     fix: {f.title}")
                 lines += [f"       {k}" for k in _knobs(f.knobs, engine, limit=5)]
@@ -171,10 +202,15 @@ def markdown(diag: Diagnosis) -> str:
     for n, inc in enumerate(diag.incidents, 1):
         top = inc.causes[0]
         out += [f"## {n}. {top.rule.title}", "",
-                f"**{inc.severity}** · symptom `{inc.symptom}` · {diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} · {_impact(inc)}", "",
+                f"**{inc.severity}** · symptom `{inc.symptom}` · {_when(diag, inc)} · {_impact(inc)}", "",
                 "| rank | rule | confidence | cause |", "|---|---|---|---|"]
         out += [f"| {i} | `{c.rule.id}`{c.rule.tag} | {c.confidence:.0%} | {c.cause} |" for i, c in enumerate(inc.causes, 1)]
-        out += ["", "**Evidence**", ""] + [f"- `{k}` = {fmt(v, REGISTRY[k].unit)}" for k, v in top.evidence.items()]
+        shown, zero, unmeasured = evidence_lines(top.evidence)
+        out += ["", "**Evidence**", ""] + [f"- `{k}` = {v}" for k, v in shown]
+        if zero:
+            out.append("- zero: " + ", ".join(f"`{k}`" for k in zero))
+        if unmeasured:
+            out += ["", "Not measured: " + ", ".join(f"`{k}`" for k in unmeasured)]
         out += ["", "**Fixes, in order**", ""]
         for f in top.fixes:
             out.append(f"1. {f.title}" + (f" — {f.why}" if f.why else ""))

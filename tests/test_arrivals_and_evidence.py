@@ -1,0 +1,54 @@
+"""Outputs say what was not measured: a capture without send times has no time axis (no rates,
+no per-minute error rates), and unmeasured evidence is one "not measured" line, never "= n/a"."""
+from __future__ import annotations
+
+import json
+
+from conftest import ROOT
+
+LLMPERF = ROOT / "tests" / "data" / "traces" / "llmperf"
+
+
+def test_llmperf_without_send_times_has_no_made_up_time_axis(tmp_path, run_cli):
+    out = tmp_path / "cap"
+    assert run_cli("import", "llmperf", LLMPERF / "bedrock_70b.json", "-o", out).returncode == 0
+    assert json.loads((out / "meta.json").read_text())["arrivals_known"] is False  # the importer says so
+    text = run_cli("diagnose", out)
+    assert text.returncode == 0, text.stderr
+    head = text.stdout.splitlines()[0]
+    assert "arrival times unknown" in head and "+149s" not in text.stdout and " min)" not in head
+    assert "request_rate_per_s" not in text.stdout  # a rate needs a clock
+    doc = json.loads(run_cli("diagnose", out, "--format", "json").stdout)
+    cap = doc["capture"]
+    assert cap["arrivals_known"] is False and cap["start_s"] is None and cap["end_s"] is None
+    assert any("arrival times unknown" in w for w in cap["warnings"])
+    summary = run_cli("summary", out).stdout
+    assert "warning: arrival times unknown" in summary
+
+
+def test_time_signals_unknown_without_arrivals(tmp_path, run_cli):
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+
+    out = tmp_path / "cap"
+    assert run_cli("import", "llmperf", LLMPERF / "anyscale_7b.json", "-o", out).returncode == 0
+    diag = diagnose(kvdoctor.load(out))
+    w = diag.prepared.window(diag.start_s, diag.end_s)
+    for name in ("request_rate_per_s", "output_tokens_per_s", "error_rate_max_1m", "load_change_frac"):
+        assert w.value(name) != w.value(name), name  # NaN: unknown
+    assert w.value("ttft_p50_s") > 0 and w.value("errors") == 0  # what does not need time stays
+
+
+def test_unmeasured_evidence_is_one_line(run_cli):
+    """samples/context-overflow (real llama-server): kv-oom lists kv_usage_max_frac, which a
+    llama-server scrape does not give."""
+    sample = ROOT / "samples" / "context-overflow"
+    doc = json.loads(run_cli("diagnose", sample, "--format", "json").stdout)
+    kv = next(c for i in doc["incidents"] for c in i["causes"] if c["rule"] == "kv-oom")
+    nulls = [k for k, v in kv["evidence"].items() if v["value"] is None]
+    assert nulls and kv["not_measured"] == nulls  # JSON keeps the fields (null) and lists them
+    for fmt in ("text", "markdown"):
+        out = run_cli("diagnose", sample, "--format", fmt).stdout
+        assert "n/a" not in out
+        assert all(name in out for name in nulls)
+        assert ("not measured: " if fmt == "text" else "Not measured: ") in out
