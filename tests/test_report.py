@@ -289,9 +289,10 @@ def test_page_summary_links_each_incident_to_its_section():
     summary = page[page.index('id="summary"'):page.index('id="incident-1"')]
     # most severe first, with cause, confidence, evidence numbers and the first fix
     assert summary.index("critical") < summary.rindex("warning")
-    assert "Likely cause" in summary and "85%" in summary and "kv-oom" in summary
+    assert "Likely cause" in summary and "80%" in summary and "kv-oom" in summary
     assert "context_errors <b>65</b>" in summary
-    assert "First fix:" in summary and "Admit only what fits" in summary
+    # context-size refusals: the first fix is the context a request may use (error_classes)
+    assert "First fix:" in summary and "Keep prompt + max_tokens within the context" in summary
     figs = _figures_json(page)
     for div_id in figs:
         assert div_id in p.ids
