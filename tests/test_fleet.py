@@ -431,6 +431,39 @@ def test_diagnose_names_only_the_overloaded_instance(fleet_stack, run_cli):
     assert out["fleet"]["joined"] == {fleet_stack["hot"]: ["dcgm", "sidecar"], fleet_stack["cool"]: ["dcgm"]}
 
 
+def test_auto_step_follows_range_and_scrape_interval():
+    from kvdoctor.fleet.query import auto_step, auto_window
+
+    assert auto_step(600, 1.0) == 1  # a 10-minute range keeps every 1 s scrape
+    assert auto_step(600, None) == 15  # Prometheus' default interval when the server does not say
+    assert auto_step(86400, 15.0) == 144  # a day: coarser only as far as ~600 points need
+    lookback, step = auto_window(600, 1.0, 300)
+    assert lookback == 120 and step == 30  # a fifth of the range, windows overlapping 4 to 1
+    assert auto_window(600, 60.0, 300)[0] == 480  # never fewer than 8 samples a window
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_short_range_keeps_the_scrapes_and_says_when_too_thin(fleet_stack, run_cli):
+    """`--since 10m` without --step: the step is the real Prometheus' scrape interval (1 s here),
+    not 60 s, and the ~2-minute overload on one server is named; a step too coarse for the range
+    is said to be too thin to judge instead of passing for healthy."""
+    sel = [a for k, v in JOBS.items() for a in ("--" + k.replace("_", "-"), v)]
+    r = run_cli("diagnose", "--prometheus", fleet_stack["url"], "--since", "10m", *sel, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["fleet"]["step_auto"] is True and out["fleet"]["scrape_interval_s"] == 1.0
+    assert out["fleet"]["step_s"] == 1.0
+    q = [f for f in out["findings"] if f["rule"] == "queueing-saturation"]
+    assert q and q[0]["instances"] == [fleet_stack["hot"]], out["findings"]
+    assert not any("too thin" in w for w in out["fleet"]["warnings"])
+    thin = run_cli("diagnose", "--prometheus", fleet_stack["url"], "--since", "10m", "--step", "2m", *sel,
+                   "--format", "json")
+    assert thin.returncode == 0, thin.stderr
+    warned = [w for w in json.loads(thin.stdout)["fleet"]["warnings"] if "too thin to judge" in w]
+    assert warned and fleet_stack["hot"] in warned[-1] and "too thin to judge" in thin.stderr
+
+
 @pytest.mark.server
 @pytest.mark.slow
 def test_import_prometheus_range_and_replay(fleet_stack, run_cli):

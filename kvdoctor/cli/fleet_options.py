@@ -48,11 +48,37 @@ def fetch_from_options(prometheus: str, selector, since, until, prom_start, prom
     if basic_auth and ":" not in basic_auth:
         raise InputError("--basic-auth: expected USER:PASS")
     t0, t1 = time_range(since, prom_start, prom_end, until, default_since=default_since)
-    step_s = parse_duration(step, "step")
     client = PromClient(prometheus, bearer_token=bearer_token, basic_auth=basic_auth, ca_file=ca_file,
                         insecure=insecure, timeout_s=parse_duration(prom_timeout, "prom-timeout"))
+    scrape_s, note = None, None
+    if step in (None, "auto"):
+        # the step follows the range and the scrape interval, so a short range keeps every scrape
+        # (a fixed 60 s step leaves a 10-minute range ten points and a 2-minute overload one or two)
+        from ..fleet import PromError
+        from ..fleet.query import DEFAULT_SCRAPE_S, auto_step
+
+        try:
+            scrape_s = client.scrape_interval_s()
+        except PromError as e:
+            note = f"warning: scrape interval unknown ({e.reason}); assumed {DEFAULT_SCRAPE_S:g}s for the step"
+        step_s = auto_step(t1 - t0, scrape_s)
+    else:
+        step_s = parse_duration(step, "step")
     groups = tuple(g.strip() for g in group_by.split(",") if g.strip()) or ("instance",)
-    return fetch(client, t0, t1, step_s, Selectors.parse(selector, gpu_selector, sidecar_selector), groups)
+    data = fetch(client, t0, t1, step_s, Selectors.parse(selector, gpu_selector, sidecar_selector), groups)
+    data.step_auto, data.scrape_interval_s = step in (None, "auto"), scrape_s
+    if note:
+        data.warnings.insert(0, note)
+    return data
+
+
+def explicit_step(step: str | None) -> str | None:
+    """``--step`` as given, or None when the user left it at its default: fleet mode then chooses
+    the query step from the range and the scrape interval (a capture's default stays 1m)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("step") == click.core.ParameterSource.DEFAULT:
+        return None
+    return step
 
 
 def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, step, lookback, group_by, rules_dirs,
@@ -63,6 +89,7 @@ def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, st
     from ..diagnosis.rules import parse_duration, parse_overrides
     from ..fleet import diagnose_fleet
 
+    step = explicit_step(step)
     data = fetch_from_options(prometheus, selector, since, until, prom_start, prom_end, step, group_by,
                               bearer_token, basic_auth, ca_file, insecure, prom_timeout,
                               gpu_selector=gpu_selector, sidecar_selector=sidecar_selector)
@@ -72,10 +99,26 @@ def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, st
         why = data.warnings[0].removeprefix("warning: ") if data.warnings else "no instances in the range"
         more = f" (and {len(data.warnings) - 1} more warnings)" if len(data.warnings) > 1 else ""
         raise SourceError(f"nothing to diagnose from {data.source}: {why}{more}")
+    try:
+        lookback_s = parse_duration(lookback)
+        eval_step_s = parse_duration(step) if step not in (None, "auto") else data.step_s
+    except ValueError as e:
+        raise InputError(f"--lookback/--step: {e}") from None
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("lookback") == click.core.ParameterSource.DEFAULT:
+        from ..fleet.query import auto_window
+
+        # a window no longer than a fifth of the range: a short overload must not be averaged away
+        lookback_s, auto_eval = auto_window(data.end_s - data.start_s, data.step_s, lookback_s)
+        if step in (None, "auto"):
+            eval_step_s = auto_eval
+    from ..fleet.fleet import thin_warnings
+
+    data.warnings += [w for w in thin_warnings(data, lookback_s) if w not in data.warnings]
     for w in data.warnings:
         click.echo(w, err=True)
     try:
-        opts = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo))
+        opts = Options(lookback_s=lookback_s, step_s=eval_step_s, slo=parse_slo(slo))
     except ValueError as e:
         raise InputError(f"--lookback/--step: {e}") from None
     rules = load_rules([Path(d) for d in rules_dirs], parse_overrides(sets))

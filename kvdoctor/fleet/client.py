@@ -97,6 +97,21 @@ class PromClient:
         return data.get("result") or []
 
 
+    def scrape_interval_s(self) -> float | None:
+        """The shortest scrape interval among the server's active targets (``/api/v1/targets``),
+        or None when the server does not say (a Prometheus-compatible store without targets)."""
+        from ..timeparse import parse_duration
+
+        data = self.get("targets", {"state": "active"}, "GET targets", post=False)
+        got = []
+        for t in (data or {}).get("activeTargets") or ():
+            try:
+                got.append(parse_duration(str(t.get("scrapeInterval", ""))))
+            except ValueError:
+                continue
+        return min(got) if got else None
+
+
 def _error_text(raw: bytes) -> str:
     try:
         doc = orjson.loads(raw)

@@ -55,6 +55,9 @@ class FleetData:
     queries: int = 0
     bytes: int = 0
     fetch_s: float = 0.0
+    #: the step was chosen from the range and the scrape interval (no --step given)
+    step_auto: bool = False
+    scrape_interval_s: float | None = None
 
 
 def _group(labels: dict[str, str], group_by: tuple[str, ...], exported: bool = False) -> str:
@@ -154,6 +157,23 @@ def fetch(client: PromClient, start: float, end: float, step_s: float, selector:
     _assemble(data, grid, vals, hists, sidecar, models, hostnames)
     data.fetch_s = time.perf_counter() - t_begin
     return data
+
+
+def thin_warnings(data: FleetData, lookback_s: float | None = None) -> list[str]:
+    """Where the range holds too few samples to judge (a 10-minute range at a 60 s step is ten
+    points, and a 2-minute overload one or two of them): say so rather than call it healthy."""
+    from .query import MIN_POINTS, MIN_WINDOW_POINTS
+
+    out = []
+    if lookback_s is not None and lookback_s / data.step_s < MIN_WINDOW_POINTS:
+        out.append(f"warning: too thin to judge: each {lookback_s:g}s evaluation window holds under "
+                   f"{MIN_WINDOW_POINTS} samples at step {data.step_s:g}s; use a finer --step or a longer --lookback")
+    thin = sorted(n for n, rows in data.samples.items() if len(rows) < MIN_POINTS)
+    if thin:
+        out.append(f"warning: too thin to judge {', '.join(thin[:5])}{' and more' if len(thin) > 5 else ''}: "
+                   f"fewer than {MIN_POINTS} samples at step {data.step_s:g}s over {data.end_s - data.start_s:g}s; "
+                   "use a finer --step (down to the scrape interval) or a longer range")
+    return out
 
 
 #: sidecar GPU metrics -> neutral names, used for an instance without DCGM series
@@ -378,6 +398,7 @@ class FleetDiagnosis:
         return {
             "schema_version": 1,
             "fleet": {"source": d.source, "start_s": d.start_s, "end_s": d.end_s, "step_s": d.step_s,
+                      "step_auto": d.step_auto, "scrape_interval_s": d.scrape_interval_s,
                       "instances": sorted(d.samples), "queries": d.queries, "bytes": d.bytes,
                       "fetch_s": round(d.fetch_s, 3), "warnings": d.warnings,
                       "joined": {k: sorted(d.joined.get(k, ())) for k in sorted(d.samples)},
@@ -454,7 +475,8 @@ def fleet_findings(per: dict[str, Any], load: dict[str, float]) -> list[dict[str
 def render_text(fd: FleetDiagnosis) -> str:
     d = fd.data
     lines = [f"kvdoctor fleet diagnosis: {len(d.samples)} instance(s) from {d.source}",
-             f"  range {_iso(d.start_s)} → {_iso(d.end_s)}, step {d.step_s:g}s; {d.queries} queries, "
+             f"  range {_iso(d.start_s)} → {_iso(d.end_s)}, step {d.step_s:g}s"
+             f"{' (auto: scrape interval ' + format(d.scrape_interval_s or 0, 'g') + 's)' if d.step_auto else ''}; {d.queries} queries, "
              f"{d.bytes / 1e6:.2f} MB fetched in {d.fetch_s:.1f}s"]
     lines += [f"  {w}" for w in d.warnings]
     lines.append("")

@@ -27,6 +27,32 @@ SIDECAR = ("kvdoctor_info", "kvdoctor_incident_active", "kvdoctor_kv_usage_ratio
 
 
 
+#: Prometheus' default scrape interval: assumed when the server does not list its targets
+DEFAULT_SCRAPE_S = 15.0
+#: points per series the automatic step aims at: enough that an overload lasting a tenth of
+#: the range still spans many samples, far below Prometheus' 11,000-point limit per series
+AUTO_POINTS = 600
+#: fewer samples than this per instance (or per evaluation window: 4) cannot show a trend or a
+#: burst: the fleet output says the data is too thin to judge instead of "healthy"
+MIN_POINTS = 8
+MIN_WINDOW_POINTS = 4
+
+
+def auto_step(range_s: float, scrape_s: float | None) -> float:
+    """The query step for a range: the scrape interval (a finer step only repeats samples), made
+    coarser only as far as AUTO_POINTS points per series need, in whole seconds."""
+    scrape = scrape_s if scrape_s and scrape_s > 0 else DEFAULT_SCRAPE_S
+    return float(max(scrape, -(-range_s // AUTO_POINTS), 1.0))
+
+
+def auto_window(range_s: float, step_s: float, lookback_s: float) -> tuple[float, float]:
+    """(lookback, evaluation step) for a range: at most the usual lookback, at most a fifth of
+    the range (a short overload must not drown in a window as long as the range), at least
+    MIN_POINTS samples; windows overlap four to one."""
+    lookback = max(min(lookback_s, range_s / 5), MIN_POINTS * step_s)
+    return lookback, max(step_s, lookback / 4)
+
+
 def parse_duration(v: str, name: str) -> float:
     try:
         return timeparse.parse_duration(v)

@@ -22,7 +22,7 @@ OPTIONS = {
     "gpu_selector": "matchers for DCGM series instead of selector", "sidecar_selector": "matchers for kvdoctor sidecars' series",
     "since": "range start as a duration before now (default 1h), epoch or ISO time",
     "start": "range start (epoch or ISO)", "end": "range end (default now)",
-    "step": "query resolution (default 1m)", "group_by": "labels naming an instance (default instance)",
+    "step": "query resolution (default auto: the scrape interval, coarser only for long ranges)", "group_by": "labels naming an instance (default instance)",
     "bearer_token": "bearer token", "basic_auth": "USER:PASS", "ca_file": "CA bundle", "insecure": "true: skip TLS checks",
     "timeout": "per query (default 60s)",
 }
@@ -39,7 +39,7 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
     if not url or not url.startswith(("http://", "https://")):
         raise InputError(f"{NAME}: give the Prometheus base URL (--opt prometheus=http://host:9090)")
     data = fetch_from_options(url, options.get("selector"), options.get("since"), None, options.get("start"),
-                              options.get("end"), options.get("step", "1m"), options.get("group_by", "instance"),
+                              options.get("end"), options.get("step", "auto"), options.get("group_by", "instance"),
                               options.get("bearer_token"), options.get("basic_auth"), options.get("ca_file"),
                               str(options.get("insecure", "")).lower() in ("1", "true", "yes"),
                               options.get("timeout", "60s"), gpu_selector=options.get("gpu_selector"),
