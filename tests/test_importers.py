@@ -378,6 +378,20 @@ def test_request_from_span_attributes():
     assert request_from_span_attributes({}, None, None, fallback_id="ab12").request_id == "ab12"
     with pytest.raises(InputError, match="gen_ai.latency.e2e: expected a number"):
         request_from_span_attributes({"gen_ai.request.id": "x", "gen_ai.latency.e2e": "slow"}, None, None)
+    # the one error classifier: a cancelled span is not a server error, a 429 is a rate limit
+    cancel = request_from_span_attributes({"gen_ai.request.id": "c", "http.response.status_code": 499}, None, None)
+    limited = request_from_span_attributes({"gen_ai.request.id": "l", "error.type": "RateLimitError"}, None, None,
+                                           error="Rate limit exceeded")
+    assert (cancel.status, cancel.http_status, limited.status) == ("cancelled", 499, "rejected")
+
+
+def test_csv_status_from_the_error_classifier(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("request_id,ttft_s,http_status,error\na,0.1,200,\nb,,499,client closed request\n"
+                 "c,,429,Too Many Requests\nd,0.2,,Output too few tokens 12\ne,,500,bloom filter failed\n")
+    rows = by_id(do_import(tmp_path, "csv", f))
+    assert {k: r["status"] for k, r in rows.items()} == {"a": "ok", "b": "cancelled", "c": "rejected", "d": "ok",
+                                                         "e": "error"}
 
 
 # -- errors: one line, exit 2 -----------------------------------------------------------------

@@ -95,9 +95,7 @@ def request_from_span_attributes(attrs: dict[str, Any], start_unix_nano: int | N
     tpot = decode / (out_tok - 1) if decode is not None and out_tok is not None and out_tok > 1 else None
     model = next((attrs[k] for k in A_MODEL if attrs.get(k)), None)
     # OTel semantic conventions: http.response.status_code (older http.status_code), error.type
-    http = _attr_int(attrs, "http.response.status_code")
-    if http is None:
-        http = _attr_int(attrs, "http.status_code")
+    http = _attr_int(attrs, ("http.response.status_code", "http.status_code"))
     etype = attrs.get("error.type")
     etype = str(etype) if etype is not None else None
     failed = error is not None or etype is not None or (http is not None and http >= 400)
