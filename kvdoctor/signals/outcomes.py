@@ -70,9 +70,11 @@ def errors(w):
 def _class_count(w, *names: str) -> float:
     """Requests in the window whose error class (kvdoctor/error_classes.py) is one of ``names``;
     NaN without request records (an engine's failure counter does not say why)."""
+    from .window import class_codes
+
     if w.n_requests == 0:
         return np.nan
-    return float(np.isin(w.prep.error_class[w.req], names).sum())
+    return float(np.isin(w.prep.error_code[w.req], class_codes(*names)).sum())
 
 
 @signal("context_errors", "count")
