@@ -52,3 +52,17 @@ def test_unmeasured_evidence_is_one_line(run_cli):
         assert "n/a" not in out
         assert all(name in out for name in nulls)
         assert ("not measured: " if fmt == "text" else "Not measured: ") in out
+
+
+def test_rules_judged_once_over_the_file_without_a_clock(tmp_path, run_cli):
+    """Without send times a rule's `for:` hold cannot be measured; the request index must not
+    stand in for seconds (40 requests would otherwise be "40 s", short of tail-latency's 1m)."""
+    rows = json.loads((LLMPERF / "anyscale_7b.json").read_text())[:40]
+    src = tmp_path / "head_individual_responses.json"
+    src.write_text(json.dumps(rows))
+    out = tmp_path / "cap"
+    assert run_cli("import", "llmperf", src, "-o", out).returncode == 0
+    slo = sorted(r["ttft_s"] for r in rows)[len(rows) // 2]  # an objective the P99 exceeds
+    doc = json.loads(run_cli("diagnose", out, "--slo", f"ttft_p99={slo * 1000:.0f}ms", "--format", "json").stdout)
+    (inc,) = [i for i in doc["incidents"] if i["causes"][0]["rule"] == "tail-latency"]
+    assert (inc["start"], inc["end"], inc["start_s"]) == ("#1", "#40", None)

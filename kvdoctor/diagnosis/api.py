@@ -143,4 +143,5 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
 
 #: the warning every output carries for a capture without send times (llmperf files, old vLLM results)
 ARRIVALS_UNKNOWN = ("arrival times unknown (the source has no send times): requests are in file order; "
-                    "rates, per-minute error rates and trends through the run are not measured")
+                    "rates, per-minute error rates and trends through the run are not measured; rules are judged once "
+                    "over the whole file (no time-based holds)")

@@ -105,6 +105,8 @@ def match_all(rules: list[Rule], w: Window, slo: dict[str, float]) -> list[tuple
 def activations(prep: Prepared, rules: list[Rule], opt: Options,
                 progress: Callable[[int, int], None] | None = None) -> list[Activation]:
     times, step, lookback = step_times(prep.start_s, prep.end_s, opt)
+    if not prep.arrivals_known:  # no clock: one window over the whole file, no time-based holds
+        times, step, lookback = np.array([prep.end_s]), opt.step_s, prep.end_s - prep.start_s
     runs: dict[str, list[tuple[float, float, float, str]]] = {r.id: [] for r in rules}
     open_run: dict[str, list[Any]] = {}
 
@@ -124,7 +126,7 @@ def activations(prep: Prepared, rules: list[Rule], opt: Options,
     for rid, spans in runs.items():
         rule = by_id[rid]
         for start, end, conf, title in spans:
-            if end - start >= rule.for_s:
+            if end - start >= rule.for_s or not prep.arrivals_known:
                 out.append(Activation(rule, start, end, conf, title))
     return out
 
