@@ -149,7 +149,12 @@ def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
             f"What: {top.rule.title}",
             f"Impact: {_impact(inc)}",
             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
-            "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:max_evidence]),
+            "Evidence: " + " · ".join(f"{k} = {v}" for k, v in evidence_lines(top.evidence)[0][:max_evidence]),
+        ]
+        unmeasured = _not_measured(top.evidence)
+        if unmeasured:
+            lines.append("Not measured: " + ", ".join(unmeasured))
+        lines += [
             f"First fix: {top.fixes[0].title}",
         ]
         lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, engine)]
