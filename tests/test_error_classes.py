@@ -2,9 +2,7 @@
 ends in its own cause and fix, cancellations and client flags are not failures."""
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -78,45 +76,17 @@ def test_context_overflow_gets_the_context_fix():
 
 # --------------------------------------------------------------------------- real gateway 429s
 
-GATE = """
-    limit_req_zone $binary_remote_addr zone=kvd_rl:1m rate=2r/s;
-    server {{
-        listen 127.0.0.1:{port};
-        location /v1/ {{
-            limit_req zone=kvd_rl burst=2 nodelay;
-            limit_req_status 429;
-            proxy_pass http://127.0.0.1:{upstream};
-            proxy_buffering off;
-        }}
-        location / {{ proxy_pass http://127.0.0.1:{upstream}; }}
-    }}"""
-
-
 @pytest.mark.server
 def test_real_gateway_rate_limit_is_not_blamed_on_the_server(tmp_path):
     """A real nginx with a request-rate limit (429) in front of a real llama-server, kvdoctor
-    attached in front of the gateway: the 429s are rate limits with a quota fix, never out-of-KV."""
-    from kvdoctor.testing import loadgen
-    from kvdoctor.testing.llama_server import LlamaServer, free_port
-    from kvdoctor.testing.nginx import write_conf
-    from kvdoctor.testing.scenarios import AttachedAgent, _wait_port
+    attached in front of the gateway (kvdoctor/testing/gateway.py, which also records
+    samples/gateway-rate-limit): the 429s are rate limits with a quota fix, never out-of-KV."""
+    from kvdoctor.testing.gateway import record
 
-    gate_port = free_port()
-    with LlamaServer(n_ctx=2048, parallel=2) as srv:
-        cmd = write_conf(tmp_path, GATE.format(port=gate_port, upstream=srv.port))
-        if not cmd:
-            pytest.skip("nginx absent (scripts/install-services installs nginx-light)")
-        gate = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            _wait_port(gate_port)
-            cap = tmp_path / "cap"
-            with AttachedAgent(f"http://127.0.0.1:{gate_port}", cap, srv.pid) as att:
-                # 30 requests, 6 at a time, far above 2/s: the gateway refuses most of them
-                timings = asyncio.run(loadgen.run_load(att.proxy_url, loadgen.short_prompts(30, max_tokens=8),
-                                                       concurrency=6, timeout_s=120))
-        finally:
-            gate.terminate()
-            gate.wait(10)
+    cap = tmp_path / "cap"
+    timings = record(cap)
+    if timings is None:
+        pytest.skip("nginx absent (scripts/install-services installs nginx-light)")
     refused = sum(t.http_status == 429 for t in timings)
     assert refused >= 10 and sum(t.status == "ok" for t in timings) >= 3
     c = kvdoctor.load(cap)

@@ -1,0 +1,88 @@
+"""A real rate-limiting gateway in front of a real llama-server, kvdoctor attached in front of
+the gateway: the 429 case of the error classes (kvdoctor/error_classes.py).
+
+    python -m kvdoctor.testing.gateway samples/gateway-rate-limit
+
+nginx (``limit_req``, 2 requests/s, burst 2, status 429) guards ``/v1/``; ``/metrics`` and
+``/health`` pass through so the sidecar still scrapes the engine. The load is 30 short prompts,
+6 at a time: far above 2/s, so most are refused by the gateway before they reach the engine.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from . import loadgen
+from .llama_server import LlamaServer, free_port
+from .nginx import write_conf
+
+GATE = """
+    limit_req_zone $binary_remote_addr zone=kvd_rl:1m rate=2r/s;
+    server {{
+        listen 127.0.0.1:{port};
+        location /v1/ {{
+            limit_req zone=kvd_rl burst=2 nodelay;
+            limit_req_status 429;
+            proxy_pass http://127.0.0.1:{upstream};
+            proxy_buffering off;
+        }}
+        location / {{ proxy_pass http://127.0.0.1:{upstream}; }}
+    }}"""
+
+
+def record(out: Path, n: int = 30, concurrency: int = 6) -> list[loadgen.ClientTiming] | None:
+    """Run the load through kvdoctor -> nginx -> llama-server; the capture lands in ``out`` with
+    client-timings.jsonl beside it. None when nginx is not installed."""
+    from .scenarios import AttachedAgent, _wait_port
+
+    if out.exists():
+        shutil.rmtree(out)
+    conf_dir = Path(tempfile.mkdtemp(prefix="kvd-gate-"))
+    gate_port = free_port()
+    try:
+        with LlamaServer(n_ctx=2048, parallel=2) as srv:
+            cmd = write_conf(conf_dir, GATE.format(port=gate_port, upstream=srv.port))
+            if not cmd:
+                return None
+            gate = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                _wait_port(gate_port)
+                with AttachedAgent(f"http://127.0.0.1:{gate_port}", out, srv.pid) as att:
+                    timings = asyncio.run(loadgen.run_load(att.proxy_url, loadgen.short_prompts(n, max_tokens=8),
+                                                           concurrency=concurrency, timeout_s=120))
+                    time.sleep(1.5)  # one more scrape after the last request
+            finally:
+                gate.terminate()
+                gate.wait(10)
+    finally:
+        shutil.rmtree(conf_dir, ignore_errors=True)
+    with open(out / "client-timings.jsonl", "wb") as f:
+        for x in timings:
+            d = x.to_dict()
+            d.pop("chunk_times_s", None)
+            f.write(orjson.dumps(d) + b"\n")
+    return timings
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    args = ap.parse_args(argv)
+    got = record(args.out)
+    if got is None:
+        print("nginx is not installed (scripts/install-services installs nginx-light)", file=sys.stderr)
+        return 1
+    print(f"{sum(t.http_status == 429 for t in got)} of {len(got)} refused with 429; capture in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
