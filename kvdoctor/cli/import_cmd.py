@@ -135,9 +135,10 @@ where the data came from, for any format. A SRC folder takes the format's usual 
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Format option (repeat).")
 @click.option("--model", default=None, help="Model name to record in the capture.")
 @click.option("--engine", default=None, help="Engine to record (vllm, sglang, trtllm, ...).")
+@click.option("--gpu", default=None, help="GPU the server ran on (e.g. A100-80GB): decode's bandwidth bound comes from it.")
 @click.option("--force", is_flag=True, help="Replace an existing capture at CAPTURE.")
 def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], opts: tuple[str, ...],
-            model: str | None, engine: str | None, force: bool) -> None:
+            model: str | None, engine: str | None, gpu: str | None, force: bool) -> None:
     module = importers.get(fmt)
     options: dict[str, Any] = _pairs(opts, "--opt", "KEY=VALUE")
     attribution = options.pop("attribution", None)
@@ -157,7 +158,7 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
 
     imported = module.read(paths, options)
     meta = dataclasses.replace(imported.meta, model=model or imported.meta.model,
-                               engine=engine or imported.meta.engine,
+                               engine=engine or imported.meta.engine, gpu=gpu or imported.meta.gpu,
                                attribution=attribution or imported.meta.attribution,
                                tool_version=imported.meta.tool_version or __version__)
     counts: Counter = Counter()

@@ -80,6 +80,13 @@ GPUS = {
     "L40": 46068 * MiB, "MI300X": 192 * GiB, "RTX-4090": 24564 * MiB, "RTX-3090": 24576 * MiB,
     "V100-16GB": 16384 * MiB, "V100-32GB": 32768 * MiB,
 }
+#: peak memory bandwidth, bytes/s, from the vendors' data sheets (SXM parts where there are two;
+#: a PCIe A100-80GB has 1.94 TB/s, an H100 PCIe 2.0 TB/s): decode reads weights + KV per step
+GPU_MEM_BW = {
+    "H100-80GB": 3.35e12, "H200": 4.8e12, "A100-40GB": 1.555e12, "A100-80GB": 2.039e12, "L4": 300e9,
+    "A10G": 600e9, "A10": 600e9, "T4": 320e9, "L40S": 864e9, "L40": 864e9, "MI300X": 5.3e12,
+    "RTX-4090": 1.008e12, "RTX-3090": 936e9, "V100-16GB": 900e9, "V100-32GB": 900e9,
+}
 _GPU_ALIASES = {"h100": "H100-80GB", "h100sxm": "H100-80GB", "h100pcie": "H100-80GB", "h200141gb": "H200",
                 "h200sxm": "H200", "4090": "RTX-4090", "3090": "RTX-3090", "geforcertx4090": "RTX-4090"}
 _AMBIGUOUS = {"a100": ("A100-40GB", "A100-80GB"), "v100": ("V100-16GB", "V100-32GB")}
@@ -124,6 +131,21 @@ def gpu_memory(name: str) -> tuple[str, float] | None:
         if re.sub(r"[-_ ]", "", canon.lower()) == k:
             return canon, b
     return (_GPU_ALIASES[k], GPUS[_GPU_ALIASES[k]]) if k in _GPU_ALIASES else None
+
+
+def gpu_bandwidth(name: str) -> tuple[str, float, float] | None:
+    """(canonical name, memory bytes, peak bandwidth bytes/s) for a known GPU name (NVML's
+    "NVIDIA A100-SXM4-80GB" too), None when unknown or ambiguous."""
+    k = re.sub(r"[-_ ]", "", name.strip().lower()).removeprefix("nvidia").removeprefix("amd").removeprefix("tesla")
+    k = re.sub(r"(sxm\d?|pcie|hbm\d?e?)", "", k)
+    k = {"a10080g": "a10080gb", "a10040g": "a10040gb"}.get(k, k)
+    try:
+        named = gpu_memory(k)
+    except InputError:
+        return None
+    if not named or named[0] not in GPU_MEM_BW:
+        return None
+    return named[0], named[1], GPU_MEM_BW[named[0]]
 
 
 def nvml_gpu() -> tuple[str, float] | None:

@@ -9,10 +9,14 @@ MIN_PER_TURN = 3
 
 
 def _turn_medians(w, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """Median of `column` per turn number, for turns with enough requests."""
+    """Median of `column` per turn number, for turns with enough requests: MIN_PER_TURN, or
+    every conversation's when fewer are in the window (one conversation at a time is a
+    legitimate workload: each turn then has one request)."""
     turn, v = w.r("turn"), w.r(column)
     m = np.isfinite(turn) & np.isfinite(v)
-    if m.sum() < 2 * MIN_PER_TURN:
+    n_sessions = w.value("sessions")  # 0 when the capture has no conversation ids
+    need = int(min(MIN_PER_TURN, n_sessions)) if n_sessions >= 1 else MIN_PER_TURN
+    if m.sum() < 2 * need:
         return np.array([]), np.array([])
     turn, v = turn[m].astype(np.int64), v[m]
     # one float key sorts by turn, then value (cheaper than lexsort): each group's middle is its median
@@ -20,7 +24,7 @@ def _turn_medians(w, column: str) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(turn + 0.999 * (v - v.min()) / span)
     turn, v = turn[order], v[order]
     uniq, starts, counts = np.unique(turn, return_index=True, return_counts=True)
-    keep = counts >= MIN_PER_TURN
+    keep = counts >= need
     starts, counts = starts[keep], counts[keep]
     lo, hi = starts + (counts - 1) // 2, starts + counts // 2
     return uniq[keep].astype(float), (v[lo] + v[hi]) / 2.0

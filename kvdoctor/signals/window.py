@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import error_classes
 from ..capture.reader import Capture
-from .registry import REGISTRY, fit, split_medians
+from .registry import FIT_MIN_X_SPREAD_FRAC, REGISTRY, fit, split_medians
 
 #: GPU sample fields an exporter scraped beside the engine (DCGM, through a scrape or Prometheus)
 #: stands in for when the capture has no NVML samples: GpuSample field -> neutral engine name.
@@ -413,7 +413,7 @@ class Window:
         key = f"fit:{x}:{y}"
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = fit(self.r(x), self.r(y))
+            hit = self._cache[key] = fit(self.r(x), self.r(y), min_spread_frac=FIT_MIN_X_SPREAD_FRAC)
         return hit
 
     def value(self, name: str) -> float:
