@@ -28,6 +28,9 @@ def _register_percentiles() -> None:
                                             f"(else from the engine's {hist} histogram)")(fn)
         signal(f"{prefix}_p99_over_p50", "ratio", f"P99/P50 of {what}: how heavy the tail is")(
             lambda w, prefix=prefix: ratio(w.value(f"{prefix}_p99_s"), w.value(f"{prefix}_p50_s")))
+        signal(f"{prefix}_p90_over_p50", "ratio", f"P90/P50 of {what}: a tail one request in ten is in "
+                                                 "(a P99 of a few dozen requests is one request)")(
+            lambda w, prefix=prefix: ratio(w.value(f"{prefix}_p90_s"), w.value(f"{prefix}_p50_s")))
 
 
 _register_percentiles()
@@ -45,6 +48,12 @@ def itl_p99(w):
     """P99 of every inter-token gap in the window (else of per-request P99s); stalls show here."""
     v = w.itl_values()
     return percentile(v if len(v) else w.r("itl_p99_s"), 99, MIN_REQUESTS)
+
+
+@signal("itl_p99_over_p50", "ratio")
+def itl_tail(w):
+    """P99/P50 of inter-token gaps: how long the longest decode stalls are against a step."""
+    return ratio(w.value("itl_p99_s"), w.value("itl_p50_s"))
 
 
 @signal("requests", "count")
