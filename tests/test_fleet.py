@@ -173,11 +173,13 @@ def test_bandwidth_bound_decode_from_aggregated_metrics_and_dcgm():
         d.engines[name] = "vllm"
     fd = diagnose_fleet(d, load_rules(), Options(lookback_s=300, step_s=30))
     f = next(f for f in fd.findings if f["rule"] == "decode-bandwidth-bound")
-    assert f["instances"] == ["a:1", "b:1"] and f["kind"] == "capacity"
-    causes = {n: [c for i in fd.per_instance[n].incidents for c in i.causes if c.rule.id == "decode-bandwidth-bound"][0]
+    # b:1's TPOT grows as much, but DCGM measures its DRAM 20% busy: bandwidth is ruled out there
+    assert f["instances"] == ["a:1"]
+    causes = {n: [c for i in fd.per_instance[n].incidents for c in i.causes if c.rule.id == "decode-bandwidth-bound"]
               for n in ("a:1", "b:1")}
+    assert not causes["b:1"]
+    causes = {"a:1": causes["a:1"][0]}
     assert causes["a:1"].cause.startswith("Memory bandwidth is saturated")
-    assert not causes["b:1"].cause.startswith("Memory bandwidth is saturated")
     assert causes["a:1"].evidence["tpot_high_over_low_concurrency"] >= 3
     assert causes["a:1"].evidence["tpot_concurrency_corr"] > 0.8
 

@@ -56,6 +56,12 @@ def _mix(short: list, long_: list, every: int) -> list:
     return [r for r in out + list(li) if r is not None]
 
 
+def _long_range(n: int, shortest: int, longest: int, max_tokens: int) -> list[loadgen.ChatRequest]:
+    """``n`` distinct long prompts whose lengths spread evenly from ``shortest`` to ``longest`` tokens."""
+    sizes = np.linspace(shortest, longest, n).astype(int)
+    return [loadgen.long_prompts(1, tokens=int(t), max_tokens=max_tokens, seed=100 + i)[0] for i, t in enumerate(sizes)]
+
+
 def _fixed(reqs: list[loadgen.ChatRequest]) -> list[loadgen.ChatRequest]:
     """Generate exactly max_tokens (llama.cpp's ignore_eos): output length is then a setting,
     not a property of the text, so latency differences are the server's."""
@@ -95,6 +101,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("parallel-2", "the same open-loop load on 2 slots: TPOT lower, requests queue for a slot",
              (Phase(lambda: _fixed(loadgen.short_prompts(48, max_tokens=48, seed=9)), concurrency=16, arrival_rate_per_s=4.0),),
              expect=None, n_ctx=2 * 1024, parallel=2),
+    # issue 12, class 9: shapes seen on a real llama-server that were named wrongly
+    Scenario("one-conversation-at-a-time", "two conversations of 12 turns (~160 words each), one after the other: "
+             "concurrency 1, only the history grows: kv-growth-per-turn, not decode-bandwidth-bound",
+             (Phase(lambda: _fixed(loadgen.conversations(2, 12, max_tokens=64, user_tokens=160, seed=12)), concurrency=1),),
+             expect="kv-growth-per-turn", n_ctx=2 * 4096, parallel=2),
+    Scenario("mixed-prompts-2-slots", "three clients sending 10-word and 900-1,400-word prompts to 2 slots: the long "
+             "prefills hold the slots, short requests wait behind them",
+             (Phase(lambda: _fixed(_mix(loadgen.short_prompts(45, max_tokens=24, seed=12),
+                                        _long_range(15, 900, 1400, max_tokens=24), every=3)), concurrency=3),),
+             expect="long-prompt-hol-blocking", n_ctx=2 * 4096, parallel=2),
     Scenario("prefix-cache-on", "a long shared system prompt, prompt caching on: the cache serves it",
              (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=True)), concurrency=1),),
              expect=None, n_ctx=4096, parallel=1),
