@@ -14,16 +14,19 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 #: rules that may accompany the expected one because they describe the same mechanism
 RELATED = {
     # long prefills share the 2 CPU cores with the running decodes, so TPOT rises with concurrency
-    # too; today's decode-bandwidth-bound names that (the acc-latency branch's decode-stall-tail
-    # names it better: prefills interleaved with decode steps)
+    # too: decode-stall-tail names it (prefills interleaved with decode steps); decode-bandwidth-bound
+    # may still fire as its low-confidence CPU hypothesis
     "prefill-bound": {"prefill-bound", "long-prompt-hol-blocking", "queueing-saturation", "prompt-length-tail", "tail-latency",
-                      "decode-bandwidth-bound"},
+                      "decode-stall-tail", "decode-bandwidth-bound"},
     "kv-growth-per-turn": {"kv-growth-per-turn", "prefill-bound", "decode-bandwidth-bound", "queueing-saturation"},
     "decode-bandwidth-bound": {"decode-bandwidth-bound", "queueing-saturation", "tail-latency"},
     # long sequences x concurrency: the decodes that do run share the machine, so TPOT rises too
     "kv-oom": {"kv-oom", "error-burst", "unsafe-concurrency", "prompt-length-tail", "queueing-saturation",
-               "long-prompt-hol-blocking", "prefill-bound", "decode-bandwidth-bound"},
+               "long-prompt-hol-blocking", "prefill-bound", "decode-bandwidth-bound", "decode-stall-tail"},
     "prefix-cache-ineffective": {"prefix-cache-ineffective", "prefill-bound"},
+    # long prefills hold the slots: the waiting and the decode stalls behind them are the same mechanism
+    "long-prompt-hol-blocking": {"long-prompt-hol-blocking", "prefill-bound", "queueing-saturation",
+                                 "prompt-length-tail", "tail-latency", "decode-stall-tail"},
     None: set(),
 }
 
@@ -49,7 +52,8 @@ def _client(timings, attr):
 
 
 @pytest.mark.parametrize("name", ["healthy", "long-prompts", "multi-turn", "concurrency", "context-overflow",
-                                  "prefix-cache-off", "prefix-cache-on"])
+                                  "prefix-cache-off", "prefix-cache-on", "one-conversation-at-a-time",
+                                  "mixed-prompts-2-slots"])
 def test_scenario_names_its_cause(scenario_run, name):
     from kvdoctor.testing.scenarios import SCENARIOS
 
@@ -140,3 +144,22 @@ def test_kv_quant_rule_agrees_with_the_quality_check(tmp_path):
     w = p.window(p.start_s, p.end_s)
     assert w.value("baseline_compared") == 1 and w.value("kv_dtype_quantised") == 1
     assert 0 <= w.value("baseline_agreement_long_p50") <= 1
+
+
+def test_one_conversation_at_a_time_names_history_growth(scenario_run):
+    """Issue 12 class 9: concurrency 1 (the client's own timings never overlap), so TPOT that
+    grows can only be the history: kv-growth-per-turn leads, decode-bandwidth-bound is silent."""
+    out, timings = scenario_run("one-conversation-at-a-time")
+    ok = sorted((t for t in timings if t.status == "ok"), key=lambda t: t.send_s)
+    assert all(b.send_s >= a.finish_s for a, b in zip(ok, ok[1:])), "requests overlapped"
+    diag = diagnose(kvdoctor.load(out))
+    assert diag.incidents[0].causes[0].rule.id == "kv-growth-per-turn"
+    assert "decode-bandwidth-bound" not in {c.rule.id for inc in diag.incidents for c in inc.causes}
+
+
+def test_mixed_prompts_lead_with_long_prefills(scenario_run):
+    """Issue 12 class 9: 3 clients, 2 slots, 10-word and 900-1,400-word prompts: the first cause
+    of the first incident is a long-prefill rule, not queueing's 'add replicas'."""
+    out, _ = scenario_run("mixed-prompts-2-slots")
+    diag = diagnose(kvdoctor.load(out))
+    assert diag.incidents[0].causes[0].rule.id in ("long-prompt-hol-blocking", "prefill-bound")
