@@ -59,8 +59,9 @@ def _baseline(prep) -> dict[str, float]:
     idx = _least_loaded(prep.col["decode_concurrency"], ok & np.isfinite(prep.col["tpot_s"]))
     if len(idx):
         out["tpot_s"] = percentile(prep.col["tpot_s"][idx], 50)
-    out_tok = percentile(prep.col["output_tokens"][ok], 50)
-    if np.isfinite(out_tok):  # a typical request's time in the system, unloaded
+    gen = prep.col["output_tokens"][ok]
+    out_tok = float(np.mean(gen[np.isfinite(gen)])) if np.isfinite(gen).any() else np.nan
+    if np.isfinite(out_tok):  # the mean request's time in the system, unloaded (Little's law takes means)
         out["e2e_s"] = out.get("ttft_s", np.nan) + max(out_tok - 1, 0) * out.get("tpot_s", np.nan)
     prep.__dict__["_low_load"] = out
     return out

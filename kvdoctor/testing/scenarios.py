@@ -104,12 +104,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # issue 12, class 9: shapes seen on a real llama-server that were named wrongly
     Scenario("one-conversation-at-a-time", "two conversations of 12 turns (~160 words each), one after the other: "
              "concurrency 1, only the history grows: kv-growth-per-turn, not decode-bandwidth-bound",
-             (Phase(lambda: _fixed(loadgen.conversations(2, 12, max_tokens=64, user_tokens=160, seed=12)), concurrency=1),),
+             (Phase(lambda: _fixed(loadgen.conversations(2, 12, max_tokens=24, user_tokens=160, seed=12)), concurrency=1),),
              expect="kv-growth-per-turn", n_ctx=2 * 4096, parallel=2),
     Scenario("mixed-prompts-2-slots", "three clients sending 10-word and 900-1,400-word prompts to 2 slots: the long "
              "prefills hold the slots, short requests wait behind them",
-             (Phase(lambda: _fixed(_mix(loadgen.short_prompts(45, max_tokens=24, seed=12),
-                                        _long_range(15, 900, 1400, max_tokens=24), every=3)), concurrency=3),),
+             (Phase(lambda: _fixed(_mix(loadgen.short_prompts(30, max_tokens=16, seed=12),
+                                        _long_range(10, 900, 1400, max_tokens=16), every=3)), concurrency=3),),
              expect="long-prompt-hol-blocking", n_ctx=2 * 4096, parallel=2),
     Scenario("prefix-cache-on", "a long shared system prompt, prompt caching on: the cache serves it",
              (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=True)), concurrency=1),),
