@@ -25,6 +25,15 @@ BIMODAL_GAP = 4.0
 BIMODAL_MIN_FRAC = 0.03
 
 
+def _arrivals_known(prep) -> bool:
+    """Whether the capture has send times: without them there is no load to judge (the
+    window's time axis is then finish times or file order)."""
+    got = prep.__dict__.get("_arrivals_known")
+    if got is None:
+        got = prep.__dict__["_arrivals_known"] = bool(np.isfinite(prep.cap.requests.num("arrival_s")).any())
+    return got
+
+
 def _least_loaded(load: np.ndarray, ok: np.ndarray) -> np.ndarray:
     """Indices of the requests that met the least load: the BASELINE_FRAC (at least
     MIN_BASELINE) with the fewest requests in flight, ties at the cut included."""
@@ -44,7 +53,7 @@ def _baseline(prep) -> dict[str, float]:
     got = prep.__dict__.get("_low_load")
     if got is not None:
         return got
-    ok = ~prep.is_error
+    ok = ~prep.is_error & _arrivals_known(prep)
     out: dict[str, float] = {}
     idx = _least_loaded(prep.col["concurrency"], ok & np.isfinite(prep.col["ttft_s"]))
     if len(idx):
@@ -118,7 +127,7 @@ def _expected_ttft(w) -> np.ndarray:
 def _arrival_span(w) -> tuple[float, float, np.ndarray]:
     arr = w.prep.t[w.req]
     arr = arr[np.isfinite(arr)]
-    if len(arr) < MIN_WINDOW:
+    if len(arr) < MIN_WINDOW or not _arrivals_known(w.prep):
         return np.nan, np.nan, arr
     return float(arr[0]), float(arr[-1]), arr
 
@@ -155,7 +164,7 @@ def ttft_late_over_early(w):
     ttft = w.r("ttft_s")
     arr = w.prep.t[w.req]
     m = np.isfinite(ttft) & np.isfinite(arr)
-    if m.sum() < MIN_WINDOW:
+    if m.sum() < MIN_WINDOW or not _arrivals_known(w.prep):
         return np.nan
     ttft, arr = ttft[m], arr[m]
     q = len(arr) // 4
