@@ -24,9 +24,6 @@ RELATED = {
     "kv-oom": {"kv-oom", "error-burst", "unsafe-concurrency", "prompt-length-tail", "queueing-saturation",
                "long-prompt-hol-blocking", "prefill-bound", "decode-bandwidth-bound", "decode-stall-tail"},
     "prefix-cache-ineffective": {"prefix-cache-ineffective", "prefill-bound"},
-    # long prefills hold the slots: the waiting and the decode stalls behind them are the same mechanism
-    "long-prompt-hol-blocking": {"long-prompt-hol-blocking", "prefill-bound", "queueing-saturation",
-                                 "prompt-length-tail", "tail-latency", "decode-stall-tail"},
     None: set(),
 }
 

@@ -110,7 +110,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "prefills hold the slots, short requests wait behind them",
              (Phase(lambda: _fixed(_mix(loadgen.short_prompts(30, max_tokens=16, seed=12),
                                         _long_range(10, 900, 1400, max_tokens=16), every=3)), concurrency=3),),
-             expect="long-prompt-hol-blocking", n_ctx=2 * 4096, parallel=2),
+             expect="prefill-bound", n_ctx=2 * 4096, parallel=2),
     Scenario("prefix-cache-on", "a long shared system prompt, prompt caching on: the cache serves it",
              (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=True)), concurrency=1),),
              expect=None, n_ctx=4096, parallel=1),
