@@ -28,6 +28,8 @@ def _hardware(prep):
     out = None
     cfg = prep.config
     gpu_name = prep.meta.gpu or cfg.get("gpu") or cfg.get("gpu_name")
+    if not gpu_name and len(prep.cap.gpu):  # NVML samples carry the product name
+        gpu_name = next((n for n in prep.cap.gpu.strings("name") if n), None)
     model_name = prep.meta.model or cfg.get("model")
     if gpu_name and model_name:
         try:
