@@ -89,12 +89,20 @@ def test_torn_last_line_is_reported_not_fatal(tmp_path):
     assert "line 2: torn last line" in cap.warnings[0]
 
 
-def test_bad_line_in_the_middle_names_file_and_line(tmp_path):
+def test_bad_line_in_the_middle_is_skipped_with_file_and_line(tmp_path):
     with CaptureWriter(tmp_path / "c") as w:
         w.write(RequestRecord(request_id="a"))
     seg = tmp_path / "c" / "requests-000001.jsonl"
     seg.write_bytes(seg.read_bytes() + b"not json\n" + b'{"request_id": "c"}\n')
-    with pytest.raises(InputError, match=r"requests-000001.jsonl: line 2: not valid JSON"):
+    cap = kvdoctor.load(tmp_path / "c")
+    assert cap.requests.strings("request_id") == ["a", "c"]
+    assert any("requests-000001.jsonl: line 2: not a whole JSON object" in w for w in cap.warnings)
+
+
+def test_segment_of_nothing_but_garbage_is_an_error(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "requests-000001.jsonl").write_bytes(b"not json\nnor this\n")
+    with pytest.raises(InputError, match=r"requests-000001.jsonl: no line is a capture record"):
         kvdoctor.load(tmp_path / "c")
 
 

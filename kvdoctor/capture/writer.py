@@ -5,6 +5,15 @@ A capture is a folder: ``meta.json`` plus one stream of JSON Lines segments per 
 single ``write`` on an unbuffered file, so a writer killed at any moment leaves every complete
 line readable; at worst the last line of a segment is torn, and the reader reports it.
 ``meta.json`` is replaced atomically (write, fsync, rename), never edited in place.
+
+A write that fails or comes up short (a full disk) is rolled back to the last whole record
+(the segment is truncated; if even that fails, the next record starts a new segment), so
+records appended once space returns are never glued to a fragment. In ``drop_on_error`` mode
+(the sidecar) the record is counted as dropped and a ``capture-dropped`` event is written once
+writing works again; otherwise (import) the error is raised after the rollback.
+
+Fields that grow with one request (ITL gaps, prefix-block hashes) are capped where written
+(:data:`MAX_LIST_ITEMS`), so one huge request cannot make a line the reader must hold whole.
 """
 from __future__ import annotations
 
@@ -23,6 +32,10 @@ from ..model import KINDS, RECORD_TYPES, CaptureMeta, SourceStatus, to_dict
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES_DEFAULT = 64 * 1024 * 1024
+#: per-request list fields keep at most this many items (ITL gaps: the first ones; prefix-block
+#: hashes: the first blocks, i.e. the prefix that reuse is about); summaries use the full list
+MAX_LIST_ITEMS = 16384
+_INT64_MIN, _INT64_SPAN = -(1 << 63), 1 << 64
 
 
 def segment_name(kind: str, index: int) -> str:
@@ -30,13 +43,67 @@ def segment_name(kind: str, index: int) -> str:
 
 
 def write_meta(folder: Path, meta: CaptureMeta) -> None:
-    data = orjson.dumps(dataclasses.asdict(meta), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    data = dumps(dataclasses.asdict(meta), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     tmp = folder / f".meta.json.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / "meta.json")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / "meta.json")
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave half a meta.json behind
+        raise
+
+
+def _plain(v: Any) -> Any:
+    """What orjson cannot write, made writable: ints beyond 64 bits become floats (the reader
+    reads numbers as float64 anyway), other odd objects their str."""
+    if isinstance(v, bool) or v is None or isinstance(v, (str, float)):
+        return v
+    if isinstance(v, int):
+        return v if -(1 << 63) <= v < (1 << 64) else float(v)
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if dataclasses.is_dataclass(v):
+        return _plain(dataclasses.asdict(v))
+    try:
+        return orjson.loads(orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY))
+    except (TypeError, orjson.JSONEncodeError):
+        return str(v)
+
+
+def dumps(data: Any, option: int = 0) -> bytes:
+    """orjson.dumps that never fails on a value a source handed us (a 24-digit number, ...)."""
+    try:
+        return orjson.dumps(data, option=option | orjson.OPT_SERIALIZE_NUMPY)
+    except (TypeError, orjson.JSONEncodeError):
+        return orjson.dumps(_plain(data), option=option)
+
+
+def bound_request(data: dict[str, Any]) -> dict[str, Any]:
+    """Cap the per-request lists and keep prefix-block hashes in the reader's int64 range."""
+    itl = data.get("itl_s")
+    if isinstance(itl, list) and len(itl) > MAX_LIST_ITEMS:
+        import numpy as np
+
+        a = np.asarray(itl, dtype=float)
+        data = {**data, "itl_s": itl[:MAX_LIST_ITEMS], "itl_count": len(itl)}
+        data.setdefault("itl_p50_s", float(np.percentile(a, 50)))
+        data.setdefault("itl_p99_s", float(np.percentile(a, 99)))
+        data.setdefault("itl_max_s", float(a.max()))
+    hashes = data.get("prefix_block_hashes")
+    if isinstance(hashes, list):
+        if len(hashes) > MAX_LIST_ITEMS:
+            data = {**data, "prefix_block_hashes": hashes[:MAX_LIST_ITEMS], "prefix_blocks_count": len(hashes)}
+            hashes = data["prefix_block_hashes"]
+        if any(isinstance(h, int) and h >= -_INT64_MIN for h in hashes):
+            # unsigned 64-bit ids (Mooncake's) folded onto int64: same equality, readable as int64
+            data = {**data, "prefix_block_hashes": [h - _INT64_SPAN if isinstance(h, int) and h >= -_INT64_MIN else h
+                                                    for h in hashes]}
+    return data
 
 
 class CaptureWriter:
@@ -44,7 +111,9 @@ class CaptureWriter:
 
     ``segment_bytes`` rotates a stream to a new segment once it is that large;
     ``max_bytes`` (optional) bounds the whole capture by deleting each stream's oldest
-    segments, so a long-running sidecar cannot fill the disk.
+    segments, so a long-running sidecar cannot fill the disk. ``drop_on_error``: a record
+    that cannot be written is counted in ``dropped`` (and ``last_error`` says why) instead
+    of raising; meta changes that cannot be written are kept and written at the next chance.
     """
 
     def __init__(
@@ -55,6 +124,7 @@ class CaptureWriter:
         segment_bytes: int = SEGMENT_BYTES_DEFAULT,
         max_bytes: int | None = None,
         fsync_every_s: float = 1.0,
+        drop_on_error: bool = False,
     ):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -62,19 +132,34 @@ class CaptureWriter:
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         self.fsync_every_s = fsync_every_s
-        self._lock = threading.Lock()
+        self.drop_on_error = drop_on_error
+        self._lock = threading.RLock()
         self._files: dict[str, Any] = {}
         self._sizes: dict[str, int] = {}
         self._index: dict[str, int] = {}
         self._last_fsync = time.monotonic()
         self.counts: dict[str, int] = {k: 0 for k in KINDS}
-        write_meta(self.folder, self.meta)
+        self.dropped: dict[str, int] = {k: 0 for k in KINDS}
+        self._unreported: dict[str, int] = {}  # drops not yet told in a capture-dropped event
+        self.last_error: str | None = None
+        self._meta_dirty = False
+        self._write_meta()
 
     # -- meta -------------------------------------------------------------------------
+    def _write_meta(self) -> None:
+        try:
+            write_meta(self.folder, self.meta)
+            self._meta_dirty = False
+        except OSError as e:
+            self._meta_dirty = True
+            self._failed(f"meta.json: {e.strerror or e}")
+            if not self.drop_on_error:
+                raise
+
     def update_meta(self, **changes: Any) -> CaptureMeta:
         with self._lock:
             self.meta = dataclasses.replace(self.meta, **changes)
-            write_meta(self.folder, self.meta)
+            self._write_meta()
             return self.meta
 
     def source_status(self, name: str, ok: bool, detail: str = "") -> None:
@@ -99,32 +184,87 @@ class CaptureWriter:
         return n
 
     def write_dict(self, kind: str, data: dict[str, Any]) -> None:
-        line = orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-        with self._lock:
-            f = self._file_for(kind, len(line))
-            f.write(line)  # one write of a whole line on an unbuffered file
-            self._sizes[kind] += len(line)
-            self.counts[kind] += 1
-            now = time.monotonic()
-            if now - self._last_fsync >= self.fsync_every_s:
-                self._fsync_all()
-                self._last_fsync = now
-
-    def _file_for(self, kind: str, incoming: int):
         if kind not in RECORD_TYPES:
             raise ValueError(f"unknown record kind {kind!r}; expected one of {', '.join(KINDS)}")
+        if kind == "requests":
+            data = bound_request(data)
+        line = dumps(data) + b"\n"
+        with self._lock:
+            if self._append(kind, line) and (self._unreported or self._meta_dirty):
+                self._recovered()
+
+    def _append(self, kind: str, line: bytes) -> bool:
+        """One whole line or nothing: a failed or short write is truncated away."""
+        f = None
+        try:
+            f = self._file_for(kind, len(line))
+            start = self._sizes[kind]
+            written = f.write(line)  # one write of a whole line on an unbuffered file
+            if written != len(line):
+                raise OSError(28, f"short write ({written or 0} of {len(line)} bytes)")
+        except OSError as e:
+            if f is not None:
+                self._roll_back(kind, f, start)
+            self._drop(kind, f"{segment_name(kind, self._index.get(kind, 0))}: {e.strerror or e}")
+            if not self.drop_on_error:
+                raise
+            return False
+        self._sizes[kind] += len(line)
+        self.counts[kind] += 1
+        now = time.monotonic()
+        if now - self._last_fsync >= self.fsync_every_s:
+            self._fsync_all()
+            self._last_fsync = now
+        return True
+
+    def _roll_back(self, kind: str, f: Any, size: int) -> None:
+        try:
+            os.ftruncate(f.fileno(), size)  # frees what the fragment took, so it works on a full disk
+        except OSError:  # cannot cut the fragment: leave it as the torn last line of this segment
+            log.warning("capture: could not truncate %s after a failed write; starting a new segment", f.name)
+            f.close()
+            self._files.pop(kind, None)
+
+    def _drop(self, kind: str, reason: str) -> None:
+        self.dropped[kind] += 1
+        self._unreported[kind] = self._unreported.get(kind, 0) + 1
+        self._failed(reason)
+
+    def _failed(self, reason: str) -> None:
+        if self.last_error != reason:  # once per distinct failure, not once per record
+            log.warning("capture: cannot write (%s); records are dropped and counted until it works again", reason)
+        self.last_error = reason
+
+    def _recovered(self) -> None:
+        """Writing works again: write the meta left pending and say what was lost, as an event."""
+        if self._meta_dirty:
+            self._write_meta()
+        if self._unreported:
+            lost, reason = dict(self._unreported), self.last_error
+            self._unreported.clear()
+            event = {"time_s": time.time(), "kind": "capture-dropped",
+                     "detail": {"records": sum(lost.values()), "by_kind": lost, "reason": reason}}
+            if not self._append("events", dumps(event) + b"\n"):
+                for k, n in lost.items():  # still failing: keep them for the next event
+                    self._unreported[k] = self._unreported.get(k, 0) + n
+                return
+            log.warning("capture: writing again; %d record(s) were dropped (%s)", sum(lost.values()), reason)
+        self.last_error = None
+
+    def _file_for(self, kind: str, incoming: int):
         f = self._files.get(kind)
         if f is not None and self._sizes[kind] + incoming <= self.segment_bytes:
             return f
         if f is not None:
             f.close()
+            self._files.pop(kind, None)
         index = self._index.get(kind) or self._last_index(kind)
         index += 1
         self._index[kind] = index
         path = self.folder / segment_name(kind, index)
         f = open(path, "ab", buffering=0)
         self._files[kind] = f
-        self._sizes[kind] = path.stat().st_size
+        self._sizes[kind] = os.fstat(f.fileno()).st_size
         self._enforce_budget()
         return f
 
@@ -159,12 +299,17 @@ class CaptureWriter:
             self._fsync_all()
 
     def close(self) -> None:
+        """Flush and close. Raises OSError (after closing everything) when the final meta.json
+        cannot be written and the writer raises on errors."""
         with self._lock:
             self._fsync_all()
             for f in self._files.values():
-                f.close()
+                try:
+                    f.close()
+                except OSError:
+                    pass
             self._files.clear()
-            write_meta(self.folder, self.meta)
+            self._write_meta()
 
     def __enter__(self) -> "CaptureWriter":
         return self

@@ -54,8 +54,9 @@ def _record(path: Path, n: int, line: bytes, rid: str, scale: float, block_token
             raise InputError(f"{where}: field {key} missing; expected timestamp (ms), input_length, output_length, hash_ids")
     hashes = obj.get("hash_ids")
     if hashes is not None:
-        if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
-            raise InputError(f"{where}: field hash_ids: expected a list of integers, got {describe(hashes)}")
+        if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                   and -(1 << 63) <= h < (1 << 64) for h in hashes):
+            raise InputError(f"{where}: field hash_ids: expected a list of 64-bit integers, got {describe(hashes)}")
     return derive_request(RequestRecord(
         request_id=rid,
         arrival_s=num(obj["timestamp"], f"{where}: field timestamp", allow_none=False) * scale,
