@@ -111,7 +111,7 @@ def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu
       kvdoctor attach --server http://vllm:8000 --otlp-receiver 127.0.0.1:4318 --slo ttft_p99=2s \\
           --webhook https://hooks.slack.com/services/...
     """
-    from ..collect.agent import Agent, AttachConfig
+    from ..collect.agent import EXIT_CAPTURE_INCOMPLETE, Agent, AttachConfig, exit_promptly
     from ..diagnosis import Options, load_rules, parse_slo
     from ..diagnosis.rules import parse_duration
 
@@ -133,5 +133,11 @@ def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu
     )
     _limit_malloc_arenas()
     logging.getLogger("kvdoctor.attach").info("capturing to %s (Ctrl-C to stop)", capture)
-    asyncio.run(Agent(cfg).run())
-    click.echo(f"capture closed: {capture}  (next: kvdoctor summary {capture})", err=True)
+    agent = Agent(cfg)
+    asyncio.run(agent.run())
+    problem = agent.capture_problem()
+    if problem:  # the run itself went fine; say what the capture lacks, and exit non-zero for it
+        click.echo(f"capture closed incomplete: {capture}: {problem}", err=True)
+    else:
+        click.echo(f"capture closed: {capture}  (next: kvdoctor summary {capture})", err=True)
+    exit_promptly(EXIT_CAPTURE_INCOMPLETE if problem else 0)

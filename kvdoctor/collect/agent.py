@@ -11,7 +11,9 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +31,12 @@ from ..serve import Metrics, make_app
 from .base import PolledCollector, SourceUnavailable
 
 log = logging.getLogger("kvdoctor.attach")
+
+#: at shutdown, open proxy streams and a running evaluation get this long before they are cut
+SHUTDOWN_GRACE_S = 2.0
+EXIT_INTERRUPTED = 130
+#: `attach` exits with this when the run ended normally but records could not be written
+EXIT_CAPTURE_INCOMPLETE = 5
 
 
 def host_port(text: str, default_port: int) -> tuple[str, int]:
@@ -63,12 +71,15 @@ class Agent:
         self.cfg = cfg
         meta = CaptureMeta(created_unix_s=time.time(), server=cfg.server_url, origin="attach",
                            config=dict(cfg.engine_config), text_stored=cfg.store_text, tool_version=__version__)
-        self.writer = CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes)
+        # drop_on_error: a full or read-only disk costs records (counted), never the sidecar
+        self.writer = CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes, drop_on_error=True)
         self.metrics = Metrics()
         self._set_info(None)
         self.live = LiveDiagnoser(cfg.rules, cfg.options)
         self._recent: dict[str, collections.deque] = {k: collections.deque() for k in ("requests", "gpu", "host", "engine", "events")}
         self._status: dict[str, tuple[bool, str]] = {}
+        self.errors: dict[str, dict[str, Any]] = {}  # source -> {count, last}: unexpected errors
+        self._errors_logged: set[tuple[str, str]] = set()
         self._stop = asyncio.Event()
         self._runners: list[Any] = []
         self.started_s = time.time()
@@ -82,11 +93,19 @@ class Agent:
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
+        """Never raises: whatever goes wrong in recording one record is counted and logged once."""
         try:
-            self.writer.write(record)
-        except OSError:
-            log.exception("could not write to the capture")
+            self._emit(record)
+        except Exception as e:  # noqa: BLE001 - a push source (the proxy) must never see our errors
+            self.collector_error("capture", e)
+
+    def _emit(self, record: Any) -> None:
+        dropped = self.writer.dropped
         kind = kind_of(record)
+        before = dropped[kind]
+        self.writer.write(record)
+        if dropped[kind] != before:
+            self.metrics["kvdoctor_capture_dropped_total"].labels(kind=kind).inc(dropped[kind] - before)
         self._recent[kind].append(record)
         self.metrics["kvdoctor_capture_records_total"].labels(kind=kind).inc()
         if isinstance(record, RequestRecord):
@@ -111,6 +130,22 @@ class Agent:
                                         engine=record.detail.get("engine") or self.writer.meta.engine)
                 self._set_info(self.writer.meta.engine)
 
+    def collector_error(self, source: str, exc: BaseException) -> None:
+        """An unexpected error in a source or in recording its records: counted (healthz, the
+        kvdoctor_collector_errors_total metric), logged once per distinct error, never raised."""
+        text = f"{type(exc).__name__}: {str(exc)[:300]}"
+        entry = self.errors.setdefault(source, {"count": 0, "last": ""})
+        entry["count"] += 1
+        entry["last"] = text
+        try:
+            self.metrics["kvdoctor_collector_errors_total"].labels(source=source).inc()
+        except Exception:  # noqa: BLE001
+            pass
+        key = (source, text)
+        if key not in self._errors_logged and len(self._errors_logged) < 1000:
+            self._errors_logged.add(key)
+            log.error("%s: %s (counted in /healthz; going on)", source, text, exc_info=exc)
+
     def _set_info(self, engine: str | None) -> None:
         info = self.metrics["kvdoctor_info"]
         info.clear()
@@ -122,7 +157,10 @@ class Agent:
         was = self._status.get(name)
         self._status[name] = (ok, detail)
         self.metrics["kvdoctor_source_up"].labels(source=name).set(1 if ok else 0)
-        self.writer.source_status(name, ok, detail)
+        try:
+            self.writer.source_status(name, ok, detail)
+        except Exception as e:  # noqa: BLE001 - the status is in memory and /healthz either way
+            self.collector_error("capture", e)
         if not ok:
             log.warning("%s: %s", name, detail)
         elif was is not None and not was[0]:
@@ -134,16 +172,21 @@ class Agent:
         while not self._stop.is_set():
             now = time.time()
             try:
-                records = await loop.run_in_executor(self._pool, c.collect, now)
-                self.source_status(c.name, True)
-            except SourceUnavailable as e:
-                records = e.records
-                self.source_status(c.name, False, str(e))
-            except Exception as e:  # a bug in one source must not stop the others
-                records = []
-                self.source_status(c.name, False, f"{type(e).__name__}: {e}")
-            for r in records:
-                self.emit(r)
+                try:
+                    records = await loop.run_in_executor(self._pool, c.collect, now)
+                    status = (True, "")
+                except SourceUnavailable as e:
+                    records, status = e.records, (False, str(e))
+                except Exception as e:  # noqa: BLE001 - a bug in one source must not stop it or the others
+                    self.collector_error(c.name, e)
+                    records, status = [], (False, f"{type(e).__name__}: {str(e)[:300]}")
+                self.source_status(c.name, *status)
+                for r in records:
+                    self.emit(r)
+            except Exception as e:  # noqa: BLE001 - the loop goes on, whatever happened in it
+                if self._stop.is_set():  # shutting down: the pool may be gone already
+                    return
+                self.collector_error(c.name, e)
             try:
                 await asyncio.wait_for(self._stop.wait(), max(c.interval_s - (time.time() - now), 0.0))
             except asyncio.TimeoutError:
@@ -247,8 +290,13 @@ class Agent:
 
     # -- lifecycle ----------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "uptime_s": round(time.time() - self.started_s, 1), "capture": str(self.cfg.capture_dir),
-                "records": dict(self.writer.counts), "sources": {k: {"ok": v[0], "detail": v[1]} for k, v in self._status.items()},
+        w = self.writer
+        dropped = {k: n for k, n in w.dropped.items() if n}
+        return {"status": "degraded" if w.last_error else "ok",
+                "uptime_s": round(time.time() - self.started_s, 1), "capture": str(self.cfg.capture_dir),
+                "records": dict(w.counts), "capture_dropped": dropped, "capture_error": w.last_error,
+                "sources": {k: {"ok": v[0], "detail": v[1]} for k, v in self._status.items()},
+                "errors": {k: dict(v) for k, v in self.errors.items()},
                 "open_incidents": len(self.live.open_incidents)}
 
     def report_html(self) -> str | None:
@@ -287,7 +335,8 @@ class Agent:
 
     async def _site(self, web, app, host: str, port: int, what: str) -> None:
         # auto_decompress off: the proxy passes bodies byte for byte, the OTLP receiver inflates itself
-        runner = web.AppRunner(app, access_log=None, auto_decompress=False)
+        # shutdown_timeout: a stream still open at SIGTERM is cut after this, not waited on for a minute
+        runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         await web.TCPSite(runner, host, port).start()
         self._runners.append(runner)
@@ -296,11 +345,28 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
 
+    def _on_signal(self) -> None:
+        if self._stop.is_set():  # a second Ctrl-C / SIGTERM: the operator means now
+            log.warning("second signal: exiting without waiting")
+            os._exit(EXIT_INTERRUPTED)
+        log.info("stopping: closing the capture")
+        self.stop()
+
+    def capture_problem(self) -> str | None:
+        """After ``run``: why the capture is incomplete (records dropped, meta not written), or None."""
+        w = self.writer
+        lost = sum(w.dropped.values())
+        if lost:
+            return f"{lost} record(s) could not be written ({w.last_error or 'disk full or read-only'})"
+        if w.last_error:
+            return f"the capture could not be fully written ({w.last_error})"
+        return None
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, self.stop)
+                loop.add_signal_handler(sig, self._on_signal)
             except (NotImplementedError, RuntimeError):  # not the main thread (tests) or Windows
                 pass
         if self.cfg.otlp_endpoint:
@@ -335,3 +401,23 @@ def _time(record: Any) -> float:
     if t is None:
         t = record.finish_s or record.arrival_s or 0.0
     return t
+
+
+def exit_promptly(code: int, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Exit with ``code`` once the capture is closed. Worker threads still blocked in a read
+    (a source that never answers) get ``grace_s``; after that the process exits regardless,
+    since the interpreter would otherwise wait on them forever at exit."""
+    deadline = time.monotonic() + grace_s
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join(max(deadline - time.monotonic(), 0.0))
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        log.warning("a source is still blocked after %.0f s; exiting without it", grace_s)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)

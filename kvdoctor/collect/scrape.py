@@ -2,10 +2,13 @@
 when the server goes down, comes back, or restarts (its counters fall back)."""
 from __future__ import annotations
 
+import http.client
 import logging
+import socket
+import threading
 import time
 import urllib.error
-import urllib.request
+import urllib.parse
 from typing import Any
 
 import orjson
@@ -22,13 +25,61 @@ RESTART_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "request_s
 CONFIG_EVERY_S = 30.0
 
 
-def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers={"Accept": "text/plain, application/json"})
+#: a /metrics, /props or /slots answer larger than this is refused unread (a real one is far smaller)
+MAX_BODY_BYTES = 16 << 20
+
+
+class BodyTooLarge(OSError):
+    pass
+
+
+def http_get(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> tuple[int, bytes]:
+    """GET with a *total* deadline: a server that drips its answer a byte at a time (every
+    socket read on time, the whole answer never) is cut off at ``timeout_s`` all the same, so
+    a scrape can neither stall the loop nor hold up shutdown. Raises TimeoutError past the
+    deadline, BodyTooLarge past ``max_bytes``, OSError when the server cannot be reached."""
+    u = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = cls(u.hostname or "127.0.0.1", u.port, timeout=timeout_s)
+    expired = threading.Event()
+
+    def cut() -> None:  # unblocks whatever read is waiting, at the deadline
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout_s, cut)
+    timer.daemon = True
+    timer.start()
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read() or b""
+        conn.request("GET", (u.path or "/") + (f"?{u.query}" if u.query else ""),
+                     headers={"Accept": "text/plain, application/json", "Connection": "close"})
+        resp = conn.getresponse()
+        declared = resp.getheader("Content-Length")
+        if declared and declared.isdigit() and int(declared) > max_bytes:
+            raise BodyTooLarge(f"answer of {int(declared)} bytes is over the {max_bytes >> 20} MiB limit")
+        chunks, total = [], 0
+        while chunk := resp.read1(1 << 16):
+            total += len(chunk)
+            if total > max_bytes:
+                raise BodyTooLarge(f"answer is over the {max_bytes >> 20} MiB limit")
+            chunks.append(chunk)
+        if expired.is_set():
+            raise TimeoutError(f"timed out: no whole answer within {timeout_s:g} s")
+        return resp.status, b"".join(chunks)
+    except (OSError, http.client.HTTPException) as e:
+        if expired.is_set():
+            raise TimeoutError(f"timed out: no whole answer within {timeout_s:g} s") from None
+        if isinstance(e, OSError):
+            raise
+        raise OSError(f"malformed HTTP answer ({type(e).__name__}: {e})") from None
+    finally:
+        timer.cancel()
+        conn.close()
 
 
 #: a server is taken as down after a refused connection, or after this many /metrics timeouts in a row
@@ -49,11 +100,14 @@ class ScrapeCollector:
         self._timeouts = 0  # /metrics timeouts in a row
         self._last_counters: dict[str, float] = {}
         self._config_at = 0.0
+        self._props_warned = False
 
     def collect(self, now_s: float) -> list[Any]:
         out: list[Any] = []
         try:
             status, body = http_get(f"{self.base_url}/metrics", self.timeout_s)
+        except BodyTooLarge as e:  # the server answered: it is up, but the page is not read
+            raise SourceUnavailable(f"{self.base_url}/metrics: {e}; not parsed", out) from None
         except (OSError, urllib.error.URLError) as e:
             reason = getattr(e, "reason", e)
             # a server busy with a long prefill can answer /metrics late (llama.cpp serves it
@@ -116,7 +170,10 @@ class ScrapeCollector:
             return []
         try:
             cfg = llamacpp_config_from_props(orjson.loads(props), orjson.loads(slots) if s2 == 200 else None)
-        except orjson.JSONDecodeError:
+        except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, OverflowError) as e:
+            if not self._props_warned:  # odd /props (a 1e300, a string n_ctx): said once, scraping goes on
+                log.warning("%s/props: config not read (%s: %s)", self.base_url, type(e).__name__, str(e)[:200])
+                self._props_warned = True
             return []
         cfg.pop("slot_n_ctx", None)
         if self.engine is None:
