@@ -41,8 +41,10 @@ def bearer_auth(token: str | None):
     @web.middleware
     async def auth(request: web.Request, handler):
         if token and request.path != "/healthz":
-            got = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+            scheme, _, got = request.headers.get("Authorization", "").strip().partition(" ")
+            # the scheme is case-insensitive (RFC 9110 11.1); the token compared in constant time
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(got.strip().encode("utf-8", "replace"), token.encode())
+            if not ok:
                 return web.json_response({"error": "missing or wrong bearer token"}, status=401,
                                          headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)

@@ -402,15 +402,39 @@ def load_meta(folder: Path) -> CaptureMeta:
         raw = orjson.loads(path.read_bytes())
     except orjson.JSONDecodeError as e:
         raise InputError(f"{path}: not valid JSON ({e.msg})") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: expected a JSON object (format_version, sources, config, ...), got {type(raw).__name__}")
     version = raw.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise InputError(f"{path}: field format_version: expected an integer <= {FORMAT_VERSION}, got {version!r}; "
                          "upgrade kvdoctor to read this capture")
-    known = {f.name for f in dataclasses.fields(CaptureMeta)}
-    kwargs = {k: v for k, v in raw.items() if k in known}
-    kwargs["sources"] = {k: SourceStatus(**v) if isinstance(v, dict) else SourceStatus(ok=bool(v))
-                         for k, v in (raw.get("sources") or {}).items()}
+    # readers ignore unknown fields, at every level (newer writers add them)
+    kwargs = {}
+    for f in dataclasses.fields(CaptureMeta):
+        if f.name not in raw or f.name == "sources":
+            continue
+        v = raw[f.name]
+        if v is None:  # as if absent
+            continue
+        expected = _META_TYPES.get(f.name, ())
+        if expected and not (bool in expected if isinstance(v, bool) else isinstance(v, expected)):
+            names = " or ".join(t.__name__ for t in expected)
+            raise InputError(f"{path}: field {f.name}: expected {names}, got {type(v).__name__} {str(v)[:40]!r}")
+        kwargs[f.name] = v
+    sources = raw.get("sources") or {}
+    if not isinstance(sources, dict):
+        raise InputError(f"{path}: field sources: expected an object of name: {{ok, detail}}")
+    status_fields = {f.name for f in dataclasses.fields(SourceStatus)}
+    kwargs["sources"] = {str(k): SourceStatus(**{a: b for a, b in v.items() if a in status_fields} | {"ok": bool(v.get("ok"))})
+                         if isinstance(v, dict) else SourceStatus(ok=bool(v)) for k, v in sources.items()}
     return CaptureMeta(**kwargs)
+
+
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "created_unix_s": (int, float), "clock": (str,), "engine": (str,), "model": (str,), "gpu": (str,),
+    "server": (str,), "origin": (str,), "config": (dict,), "text_stored": (bool,), "tool_version": (str,),
+    "attribution": (str,),
+}
 
 
 def load(path: str | Path, *, since_s: float | None = None, until_s: float | None = None) -> Capture:

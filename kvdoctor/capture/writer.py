@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import orjson
 
@@ -81,6 +81,42 @@ def dumps(data: Any, option: int = 0) -> bytes:
         return orjson.dumps(data, option=option | orjson.OPT_SERIALIZE_NUMPY)
     except (TypeError, orjson.JSONEncodeError):
         return orjson.dumps(_plain(data), option=option)
+
+
+def bound_engine(data: dict[str, Any], warn: Callable[[str, str], None]) -> dict[str, Any]:
+    """An engine sample as analysis can trust it: a negative counter (counters only rise from
+    zero) is left out, and a histogram's buckets are made cumulative and its count at least its
+    +Inf bucket; each fix is told once through ``warn``."""
+    from ..engines import NEUTRAL
+
+    values = data.get("values")
+    if isinstance(values, dict):
+        bad = [k for k, v in values.items() if isinstance(v, (int, float)) and v < 0
+               and getattr(NEUTRAL.get(k), "kind", "") == "counter"]
+        if bad:
+            for k in bad:
+                warn(f"negative:{k}", f"engine counter {k} = {values[k]!r} is negative: left out")
+            data = {**data, "values": {k: v for k, v in values.items() if k not in bad}}
+    hists = data.get("histograms")
+    if isinstance(hists, dict):
+        fixed = {}
+        for name, h in hists.items():
+            cum, count = (h.get("cum"), h.get("count")) if isinstance(h, dict) else (None, None)
+            if not isinstance(cum, list) or not cum or not all(isinstance(c, (int, float)) for c in cum):
+                fixed[name] = h
+                continue
+            mono = [max(c, 0) for c in cum]
+            for i in range(1, len(mono)):
+                mono[i] = max(mono[i], mono[i - 1])
+            h2 = dict(h, cum=mono) if mono != cum else h
+            if mono != cum:
+                warn(f"cumulative:{name}", f"engine histogram {name}: buckets not cumulative (or negative): made cumulative")
+            if isinstance(count, (int, float)) and count < mono[-1]:
+                warn(f"count:{name}", f"engine histogram {name}: count {count!r} below its largest bucket {mono[-1]!r}: raised to it")
+                h2 = dict(h2, count=mono[-1])
+            fixed[name] = h2
+        data = {**data, "histograms": fixed}
+    return data
 
 
 def bound_request(data: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +178,8 @@ class CaptureWriter:
         self.dropped: dict[str, int] = {k: 0 for k in KINDS}
         self._unreported: dict[str, int] = {}  # drops not yet told in a capture-dropped event
         self.last_error: str | None = None
+        self.warnings: list[str] = []  # values fixed on their way in (negative counters, ...)
+        self._warned: set[str] = set()
         self._meta_dirty = False
         self._write_meta()
 
@@ -188,6 +226,8 @@ class CaptureWriter:
             raise ValueError(f"unknown record kind {kind!r}; expected one of {', '.join(KINDS)}")
         if kind == "requests":
             data = bound_request(data)
+        elif kind == "engine":
+            data = bound_engine(data, self._warn_once)
         line = dumps(data) + b"\n"
         with self._lock:
             if self._append(kind, line) and (self._unreported or self._meta_dirty):
@@ -224,6 +264,13 @@ class CaptureWriter:
             log.warning("capture: could not truncate %s after a failed write; starting a new segment", f.name)
             f.close()
             self._files.pop(kind, None)
+
+    def _warn_once(self, key: str, text: str) -> None:
+        """A value fixed on its way in: warned once per kind of fix and field, kept in ``warnings``."""
+        if key not in self._warned and len(self._warned) < 1000:
+            self._warned.add(key)
+            self.warnings.append(text)
+            log.warning("capture: %s", text)
 
     def _drop(self, kind: str, reason: str) -> None:
         self.dropped[kind] += 1

@@ -52,6 +52,20 @@ def _collectors(server_url: str, gpu: str, pid: int | None, scrape_interval: flo
     return out
 
 
+def _read_token(token: str | None, token_file: str | None) -> str | None:
+    if token_file:
+        try:
+            lines = Path(token_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"--token-file {token_file}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise InputError(f"--token-file {token_file}: empty; expected the token on its first line")
+    if token is not None and (not token.strip() or any(ord(c) < 33 or ord(c) > 126 for c in token)):
+        raise InputError("--token: expected printable ASCII without spaces (it travels in an HTTP header)")
+    return token
+
+
 def _limit_malloc_arenas(n: int = 2) -> None:
     """A long-running sidecar should hold what it uses, not what allocators keep in reserve:
     glibc gives each thread its own arena (two suffice here), and Arrow's bundled allocator
@@ -85,7 +99,9 @@ def _limit_malloc_arenas(n: int = 2) -> None:
 @click.option("--lookback", default="5m", show_default=True, help="Live window the rules look back over.")
 @click.option("--step", default="5s", show_default=True, help="Time between live evaluations.")
 @click.option("--webhook", metavar="URL", help="POST incidents as JSON (Slack-compatible 'text' field).")
-@click.option("--token", envvar="KVDOCTOR_TOKEN", help="Require 'Authorization: Bearer TOKEN' on the endpoints (env KVDOCTOR_TOKEN).")
+@click.option("--token", envvar="KVDOCTOR_TOKEN", help="Require 'Authorization: Bearer TOKEN' on the endpoints. "
+              "Prefer env KVDOCTOR_TOKEN or --token-file: a command-line argument is visible to every local user in ps.")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Read the bearer token from this file (first line).")
 @click.option("--otlp-endpoint", metavar="URL", help="Export incidents (spans) and percentiles (metrics) over OTLP/HTTP.")
 @click.option("--store-text", is_flag=True, help="Also store prompt and completion text (off by default).")
 @click.option("--engine-config", multiple=True, metavar="KEY=VALUE",
@@ -95,7 +111,7 @@ def _limit_malloc_arenas(n: int = 2) -> None:
 @click.option("--nvml-replay", type=click.Path(exists=True), hidden=True, help="Replay recorded NVML readings (demos, tests).")
 @click.option("-q", "--quiet", is_flag=True, help="Only incidents and errors on the terminal.")
 def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu_interval, scrape_interval, no_scrape,
-            rules_dirs, slo, lookback, step, webhook, token, otlp_endpoint, store_text, engine_config, max_capture_bytes,
+            rules_dirs, slo, lookback, step, webhook, token, token_file, otlp_endpoint, store_text, engine_config, max_capture_bytes,
             duration, nvml_replay, quiet):
     """Sidecar beside a running inference server: capture to disk and diagnose live.
 
@@ -111,10 +127,15 @@ def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu
       kvdoctor attach --server http://vllm:8000 --otlp-receiver 127.0.0.1:4318 --slo ttft_p99=2s \\
           --webhook https://hooks.slack.com/services/...
     """
-    from ..collect.agent import EXIT_CAPTURE_INCOMPLETE, Agent, AttachConfig, exit_promptly
+    from ..collect.agent import EXIT_CAPTURE_INCOMPLETE, Agent, AttachConfig, exit_promptly, host_port
     from ..diagnosis import Options, load_rules, parse_slo
     from ..diagnosis.rules import parse_duration
 
+    for option, value, default in (("--listen", listen, 9400), ("--proxy", proxy, 9000),
+                                   ("--otlp-receiver", otlp_receiver, 4318)):
+        if value:
+            host_port(value, default, option)  # a bad address is a one-line error before anything starts
+    token = _read_token(token, token_file)
     if not urlparse(server_url).scheme.startswith("http"):
         raise InputError(f"--server {server_url!r}: expected an http(s) URL such as http://127.0.0.1:8000")
     try:

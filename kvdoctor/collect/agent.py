@@ -25,6 +25,7 @@ from ..capture import CaptureWriter
 from ..capture.writer import kind_of
 from ..capture.memory import from_records
 from ..diagnosis import Options, Rule
+from ..errors import InputError
 from ..diagnosis.live import LiveDiagnoser, LiveIncident
 from ..model import CaptureMeta, EngineSample, Event, GpuSample, RequestRecord
 from ..serve import Metrics, make_app
@@ -39,11 +40,26 @@ EXIT_INTERRUPTED = 130
 EXIT_CAPTURE_INCOMPLETE = 5
 
 
-def host_port(text: str, default_port: int) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host:
-        return text or "127.0.0.1", default_port
-    return host.strip("[]"), int(port)
+def host_port(text: str, default_port: int, option: str = "address") -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT``, ``HOST`` or a bare ``PORT`` (loopback) as (host, port);
+    InputError naming ``option`` otherwise."""
+    text = text.strip()
+    if text.isdigit():
+        host, port = "127.0.0.1", text
+    elif text.startswith("[") and "]" in text:  # [::1]:9000 or [::1]
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else (str(default_port) if not rest else "x")
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+        host = host or "127.0.0.1"
+    elif ":" not in text:
+        host, port = text or "127.0.0.1", str(default_port)
+    else:  # a bare IPv6 address
+        host, port = text, str(default_port)
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InputError(f"{option} {text!r}: expected HOST:PORT, PORT or HOST with a port from 0 to 65535, "
+                         "e.g. 127.0.0.1:9000")
+    return host, int(port)
 
 
 @dataclass
@@ -314,14 +330,14 @@ class Agent:
         from aiohttp import web
 
         if self.cfg.listen:
-            host, port = host_port(self.cfg.listen, 9400)
+            host, port = host_port(self.cfg.listen, 9400, "--listen")
             app = make_app(self.metrics, lambda: [i.to_json() for i in self.live.incidents], self.health,
                            self.report_html, self.cfg.token)
             await self._site(web, app, host, port, "endpoints")
         if self.cfg.proxy:
             from .proxy import make_proxy_app
 
-            host, port = host_port(self.cfg.proxy, 9000)
+            host, port = host_port(self.cfg.proxy, 9000, "--proxy")
             from .proxy import PROXY_KEY
 
             app = make_proxy_app(self.cfg.server_url, self, store_text=self.cfg.store_text)
@@ -330,7 +346,7 @@ class Agent:
         if self.cfg.otlp_receiver:
             from .otlp_receiver import make_app as make_receiver
 
-            host, port = host_port(self.cfg.otlp_receiver, 4318)
+            host, port = host_port(self.cfg.otlp_receiver, 4318, "--otlp-receiver")
             await self._site(web, make_receiver(self), host, port, "otlp")
 
     async def _site(self, web, app, host: str, port: int, what: str) -> None:
@@ -338,8 +354,11 @@ class Agent:
         # shutdown_timeout: a stream still open at SIGTERM is cut after this, not waited on for a minute
         runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
         self._runners.append(runner)
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as e:
+            raise InputError(f"{what}: cannot listen on {host}:{port} ({e.strerror or e}); choose another HOST:PORT") from None
         log.info("%s listening on http://%s:%d", what, host, port)
 
     def stop(self) -> None:

@@ -108,14 +108,66 @@ def _fail(path: Path, rule_id: str, where: str, message: str) -> RuleError:
     return RuleError(f"{path}: rule {rule_id}: {where}: {message}")
 
 
-def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
+#: a rule file is a page of YAML: these bound what a hostile one can cost (a 619-byte
+#: "billion laughs" alias tree otherwise expands to minutes of validation, or memory)
+MAX_RULE_BYTES = 256 << 10
+MAX_RULE_NODES = 50_000  # scalars, lists and maps, with every alias expanded
+MAX_RULE_DEPTH = 40  # nesting of lists and maps, conditions included
+
+
+def read_rule_yaml(path: Path) -> Any:
+    """The rule file's YAML as plain data, refused (RuleError, located) when too large, too
+    deep, or expanding through aliases to more than MAX_RULE_NODES nodes. The node graph is
+    checked before anything is built from it, so the check costs the file's size, not the
+    expansion's."""
     try:
-        # the safe loader (libyaml's when present: 8x faster): tags that build objects are refused
-        raw = yaml.load(path.read_text(), Loader=_SAFE_LOADER)
+        size = path.stat().st_size
+        if size > MAX_RULE_BYTES:
+            raise RuleError(f"{path}: {size} bytes; a rule file is at most {MAX_RULE_BYTES >> 10} KiB")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RuleError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise RuleError(f"{path}: cannot read ({e.strerror or e})") from None
+    # the safe loader (libyaml's when present: 8x faster): tags that build objects are refused
+    loader = _SAFE_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_nodes(path, node, 0, {})
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
         raise RuleError(f"{path}: {where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_nodes(path: Path, node: yaml.Node, depth: int, done: dict[int, int]) -> int:
+    """Nodes under ``node`` with aliases expanded; memoised per node, so linear in the file."""
+    hit = done.get(id(node))
+    if hit is not None:
+        return hit
+    if depth > MAX_RULE_DEPTH:  # also ends a recursive alias (a node inside itself)
+        raise RuleError(f"{path}: line {node.start_mark.line + 1}: nested deeper than {MAX_RULE_DEPTH} levels "
+                        "(or an alias that refers to itself)")
+    n = 1
+    if isinstance(node, yaml.SequenceNode):
+        n += sum(_expanded_nodes(path, c, depth + 1, done) for c in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        n += sum(_expanded_nodes(path, k, depth + 1, done) + _expanded_nodes(path, v, depth + 1, done)
+                 for k, v in node.value)
+    if n > MAX_RULE_NODES:
+        raise RuleError(f"{path}: line {node.start_mark.line + 1}: expands to more than {MAX_RULE_NODES} values "
+                        "(YAML aliases); write the rule out instead")
+    done[id(node)] = n
+    return n
+
+
+def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
+    raw = read_rule_yaml(path)
     rule_id = raw.get("id", path.stem) if isinstance(raw, dict) else path.stem
     errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(raw), key=lambda e: list(e.absolute_path))
     if errors:

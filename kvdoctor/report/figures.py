@@ -492,18 +492,23 @@ def turns_chart(diag: Diagnosis, prep: Prepared) -> Chart:
     turn = prep.col["turn"]
     if np.isfinite(turn).sum() < 6 or np.nanmax(turn) < 2:
         return Chart("turns", title, None, notes=["no conversation turns in this capture"])
-    turns = turn[np.isfinite(turn)].astype(np.int64)
-    nb = int(turns.max()) + 1
-    counts = np.bincount(turns, minlength=nb)
+    # buckets for the turn numbers present, not 0..max: one request with turn=1e8 must not
+    # allocate arrays of 1e8 buckets
+    finite = np.isfinite(turn)
+    present, index = np.unique(np.floor(turn[finite]), return_inverse=True)
+    slot = np.full(len(turn), np.nan)
+    slot[finite] = index
+    nb = len(present)
+    counts = np.bincount(index, minlength=nb)
     keep = counts >= 3
-    xs = np.arange(nb)[keep]
-    _, pp = bucket_percentiles(turn, prep.col["prompt_tokens"], 0.0, 1.0, nb, qs=(50,), min_n=3)
+    xs = present[keep].astype(np.int64)
+    _, pp = bucket_percentiles(slot, prep.col["prompt_tokens"], 0.0, 1.0, nb, qs=(50,), min_n=3)
     ctx = pp[0][keep]
     lat = []
     for col, label, qs in (("ttft_s", "TTFT", (50, 90)), ("tpot_s", "TPOT", (50,))):
         v = prep.col[col]
         if np.isfinite(v).sum() >= 6:
-            _, p = bucket_percentiles(turn, v, 0.0, 1.0, nb, qs=qs, min_n=3)
+            _, p = bucket_percentiles(slot, v, 0.0, 1.0, nb, qs=qs, min_n=3)
             lat += [(label, q, p[i][keep]) for i, q in enumerate(qs)]
     has_ctx = bool(np.isfinite(ctx).any())
     if not lat and not has_ctx:
