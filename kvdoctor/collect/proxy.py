@@ -69,6 +69,8 @@ _SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 #: most bytes of a non-SSE response body kept for its analysis (bigger: no analysis)
 MAX_ANALYSED_BODY = 16 * 1024 * 1024
+#: an SSE event still open past this many bytes is not analysed (the stream is still relayed)
+MAX_SSE_EVENT_BYTES = 8 * 1024 * 1024
 ERROR_CHARS = 200
 #: resend a request once on a new connection if a pooled one failed within this many seconds
 RETRY_WITHIN_S = 1.0
@@ -137,6 +139,11 @@ def _is_rejection(http_status: int, message: str | None, err_type: str | None) -
 
 #: an id we keep verbatim: short, printable, no spaces (anything else gets a random id)
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's text as one printable line (aiohttp's parser errors span several)."""
+    return " ".join(str(e).split())[:200].encode("ascii", "backslashreplace").decode()
 
 
 def client_request_id(value: str | None) -> str | None:
@@ -217,20 +224,38 @@ class _Analysis:
                 else:
                     self._body.append(chunk)
             return
-        buf = self._buf + chunk if self._buf else chunk
         if self._crlf or b"\r" in chunk:
             self._crlf = True
-            buf = buf.replace(b"\r\n", b"\n")
+            if chunk[:1] == b"\n" and self._buf[-1:] == b"\r":  # a CRLF split across chunks
+                self._buf = self._buf[:-1]
+            chunk = chunk.replace(b"\r\n", b"\n")
+        # only the new bytes (and the one before them) are searched, and a pending partial
+        # event grows in place: linear in the stream, however long an event runs
+        if self._buf:
+            scan = len(self._buf) - 1
+            if not isinstance(self._buf, bytearray):
+                self._buf = bytearray(self._buf)
+            self._buf += chunk
+            buf = self._buf
+        else:
+            scan, buf = 0, chunk
         start = 0
         find = buf.find
         while True:
-            i = find(b"\n\n", start)
+            i = find(b"\n\n", max(start, scan))
             if i < 0:
                 break
             if i > start:
-                self._event(buf[start:i], now)
+                self._event(bytes(buf[start:i]), now)
             start = i + 2
-        self._buf = buf[start:] if start < len(buf) else b""
+        if start >= len(buf):
+            self._buf = b""
+        elif len(buf) - start > MAX_SSE_EVENT_BYTES:
+            self._buf = b""
+            raise ValueError(f"an SSE event over {MAX_SSE_EVENT_BYTES >> 20} MiB without its blank line: "
+                             "this stream is relayed, not analysed")
+        else:
+            self._buf = buf[start:] if start else buf
 
     def _event(self, ev: bytes, now: float) -> None:
         if ev.startswith(b"data: ") and b"\n" not in ev:
@@ -561,10 +586,15 @@ class _Proxy:
                 self.close_after_stream = True
                 up = await self.fresh_session.request(request.method, url, data=data,
                                                       headers=headers, allow_redirects=False)
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
-                aiohttp.ClientOSError, asyncio.TimeoutError) as e:
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            # unreachable, or an answer that is not HTTP (bad status line, oversized or too many
+            # headers, bad framing): the client gets a 502 JSON error, the capture an error record
             self.stats["upstream_errors"] += 1
-            detail = f"upstream unreachable: {type(e).__name__}: {e}"[:300]
+            if isinstance(e, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
+                              aiohttp.ClientOSError, asyncio.TimeoutError)):
+                detail = f"upstream unreachable: {type(e).__name__}: {e}"[:300]
+            else:
+                detail = f"upstream_error: malformed response ({type(e).__name__}: {_one_line(e)})"[:300]
             self._status(False, detail)
             if an is not None:
                 try:

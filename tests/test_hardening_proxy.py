@@ -1,0 +1,96 @@
+"""Hardening of the streaming proxy (issue 14, points 5 and 6): a malformed upstream answer is a
+502 JSON error and an error record with one log line, not aiohttp's 500 and a traceback; an SSE
+event that never ends is parsed in linear time and given up past a bound, the bytes still relayed."""
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+import orjson
+import pytest
+from test_proxy import CHAT_BODY, RawUpstream, Started, _chat_events, _chunked, run
+
+from kvdoctor.collect import proxy as proxymod
+from kvdoctor.collect.base import ListSink
+from kvdoctor.collect.proxy import MAX_SSE_EVENT_BYTES, make_proxy_app
+
+MALFORMED = {
+    "bad-status-line": b"HTTP/1.1 abc Nope\r\nContent-Length: 0\r\n\r\n",
+    "garbage": b"\x16\x03\x01 this is not http at all\r\n\r\n",
+    "oversized-header": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 100_000 + b"\r\nContent-Length: 0\r\n\r\n",
+    "too-many-headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(20_000))
+                        + b"Content-Length: 0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_a_malformed_upstream_answer_is_a_502_json_error_and_a_record(name, caplog):
+    async def main():
+        sink = ListSink()
+        async with RawUpstream(MALFORMED[name], [], pause_s=0.01) as up:
+            async with Started(make_proxy_app(up, sink)) as px:
+                async with aiohttp.ClientSession() as s:
+                    async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
+                        return sink, r.status, r.headers.get("Content-Type"), await r.read()
+
+    with caplog.at_level(logging.DEBUG):
+        sink, status, ctype, body = run(main())
+    assert status == 502 and ctype == "application/json"
+    err = orjson.loads(body)["error"]
+    assert err["code"] == 502 and err["message"].startswith("upstream_error: malformed response")
+    (rec,) = sink.records
+    assert rec.status == "error" and rec.error.startswith("upstream_error") and rec.http_status == 502
+    assert sink.status["proxy"][0] is False
+    ours = [r for r in caplog.records if r.name.startswith(("kvdoctor", "aiohttp"))]  # not the fake upstream's
+    assert not any(r.exc_info for r in ours), [r.getMessage() for r in ours if r.exc_info]
+    assert not any("Error handling request" in r.getMessage() for r in ours)
+
+
+def _feed_seconds(total_bytes: int, chunk_bytes: int = 4096) -> float:
+    an = proxymod._Analysis("chat", time.time(), False)
+    an.start(200, "text/event-stream")
+    chunk = b"data: " + b"x" * (chunk_bytes - 6)
+    t0 = time.perf_counter()
+    for _ in range(total_bytes // chunk_bytes):
+        an.feed(chunk, 0.0)
+    return time.perf_counter() - t0
+
+
+def test_an_sse_event_without_its_blank_line_is_parsed_in_linear_time():
+    small, large = 1 << 20, 4 << 20  # both under the give-up bound
+    t_small = min(_feed_seconds(small) for _ in range(3))
+    t_large = min(_feed_seconds(large) for _ in range(3))
+    # linear: 4x the bytes, ~4x the time; the former re-copying was quadratic (~16x)
+    assert t_large < 8 * t_small + 0.02, (t_small, t_large)
+
+
+def test_an_endless_sse_event_is_given_up_but_every_byte_is_relayed(caplog):
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    piece = b"data: " + b"y" * (1 << 20)
+    pieces = [piece] * (MAX_SSE_EVENT_BYTES // len(piece) + 2) + [b"\n\n"]
+    payload = b"".join(pieces)
+
+    async def main():
+        sink = ListSink()
+        async with RawUpstream(head, _chunked(pieces), pause_s=0.001) as up:
+            async with Started(make_proxy_app(up, sink)) as px:
+                async with aiohttp.ClientSession() as s:
+                    async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
+                        assert r.status == 200 and await r.read() == payload
+        return sink
+
+    with caplog.at_level(logging.WARNING, logger="kvdoctor.proxy"):
+        sink = run(main())
+    assert sink.records == []  # not analysed: said once in the log
+    assert sum("without its blank line" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_crlf_split_across_chunks_still_parses():
+    payload = _chat_events(["a ", "b ", "c "]).replace(b"\n", b"\r\n")
+    an = proxymod._Analysis("chat", time.time(), False)
+    an.start(200, "text/event-stream")
+    for i in range(0, len(payload), 7):  # splits land between \r and \n many times
+        an.feed(payload[i:i + 7], float(i))
+    an.end(float(len(payload)))
+    assert an.n_content == 3 and an.saw_done
