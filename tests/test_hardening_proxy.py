@@ -94,3 +94,26 @@ def test_crlf_split_across_chunks_still_parses():
         an.feed(payload[i:i + 7], float(i))
     an.end(float(len(payload)))
     assert an.n_content == 3 and an.saw_done
+
+
+# -- 6. OTLP receiver limits --------------------------------------------------------------------
+def test_otlp_gzip_bomb_and_oversized_export_are_413_and_the_receiver_goes_on():
+    import gzip
+
+    from google.rpc import status_pb2
+    from test_otlp_receiver import Receiver, captured_request, post
+
+    from kvdoctor.collect.otlp_receiver import MAX_BODY_BYTES, MAX_INFLATED_BYTES
+
+    r = Receiver()
+    try:
+        bomb = gzip.compress(b"\0" * (MAX_INFLATED_BYTES + (1 << 20)), 9)  # ~33 MiB of zeros in ~33 KiB
+        assert len(bomb) < 100_000
+        status, _, out = post(r.url, bomb, "application/x-protobuf", "gzip")
+        assert status == 413 and "inflates to more than" in status_pb2.Status.FromString(out).message
+        status, _, out = post(r.url, b"\n" * (MAX_BODY_BYTES + 1), "application/x-protobuf")
+        assert status == 413 and "over the 8 MiB limit" in status_pb2.Status.FromString(out).message
+        ok = post(r.url, gzip.compress(captured_request().SerializeToString()), "application/x-protobuf", "gzip")
+        assert ok[0] == 200 and len(r.sink.records) > 0
+    finally:
+        r.close()

@@ -11,6 +11,7 @@ Binds 127.0.0.1 unless told otherwise: the receiver has no authentication.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 
@@ -39,14 +40,20 @@ log = logging.getLogger(__name__)
 NAME = "otlp"
 PATH = "/v1/traces"
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
-MAX_BODY_BYTES = 64 << 20
-MAX_INFLATED_BYTES = 256 << 20
+#: an export larger than these is refused with 413 (exporters batch far smaller: the OTel SDK
+#: default is 512 spans a batch, well under 1 MiB); decoding runs in a worker thread
+MAX_BODY_BYTES = 8 << 20
+MAX_INFLATED_BYTES = 32 << 20
 #: counters of one app: requests (POSTs), spans, records emitted, rejected spans, bad POSTs
 STATS = web.AppKey("kvdoctor_otlp_stats", dict)
 SINK = web.AppKey("kvdoctor_otlp_sink", object)
 
 
 class _BadRequest(Exception):
+    pass
+
+
+class _TooLarge(Exception):
     pass
 
 
@@ -71,8 +78,12 @@ def _inflate(body: bytes, encoding: str) -> bytes:
     except zlib.error as e:
         raise _BadRequest(f"body is not valid {encoding} ({e})") from None
     if d.unconsumed_tail:
-        raise _BadRequest(f"body inflates to more than {MAX_INFLATED_BYTES >> 20} MiB")
+        raise _TooLarge(f"body inflates to more than {MAX_INFLATED_BYTES >> 20} MiB")
     return out
+
+
+def _inflate_decode(body: bytes, encoding: str, content_type: str) -> ExportTraceServiceRequest:
+    return _decode(_inflate(body, encoding), content_type)
 
 
 def _decode(body: bytes, content_type: str) -> ExportTraceServiceRequest:
@@ -129,9 +140,21 @@ async def _traces(request: web.Request) -> web.Response:
         stats["bad"] += 1
         return _error(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}; use gzip",
                       content_type)
+    declared = request.content_length
+    if declared is not None and declared > MAX_BODY_BYTES:
+        stats["bad"] += 1
+        return _error(413, code_pb2.RESOURCE_EXHAUSTED,
+                      f"export of {declared} bytes is over the {MAX_BODY_BYTES >> 20} MiB limit; send smaller batches",
+                      content_type)
     try:
-        body = _inflate(await request.read(), encoding)
-        msg = _decode(body, content_type)
+        raw = await request.read()
+        # inflating and decoding a large export takes a while: not on the loop the proxy relays on
+        msg = await asyncio.get_running_loop().run_in_executor(None, _inflate_decode, raw, encoding, content_type)
+    except (web.HTTPRequestEntityTooLarge, _TooLarge) as e:
+        stats["bad"] += 1
+        text = str(e) if isinstance(e, _TooLarge) else f"export over the {MAX_BODY_BYTES >> 20} MiB limit"
+        log.warning("OTLP receiver: 413 for a POST from %s: %s", request.remote, text)
+        return _error(413, code_pb2.RESOURCE_EXHAUSTED, f"{text}; send smaller batches", content_type)
     except (web.RequestPayloadError, _BadRequest) as e:
         stats["bad"] += 1
         log.warning("OTLP receiver: 400 for a POST from %s: %s", request.remote, e)
