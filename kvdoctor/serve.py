@@ -5,6 +5,7 @@ registry of our own (so tests and several agents in one process do not collide).
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Any, Callable
 
@@ -64,7 +65,8 @@ def make_app(metrics: Metrics, incidents: Callable[[], list[dict[str, Any]]], he
         return web.json_response({"incidents": incidents()}, dumps=lambda o: orjson.dumps(o).decode())
 
     async def report_handler(_request: web.Request) -> web.Response:
-        html = report_html() if report_html else None
+        # loading, diagnosing and rendering a capture takes seconds: never on the loop the proxy relays on
+        html = await asyncio.get_running_loop().run_in_executor(None, report_html) if report_html else None
         if html is None:
             return web.Response(status=503, text="no report yet: the sidecar has not captured enough to report\n")
         return web.Response(text=html, content_type="text/html")

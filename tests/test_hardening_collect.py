@@ -265,3 +265,26 @@ def test_a_failing_collector_is_counted_logged_once_and_retried(tmp_path, caplog
     assert health["sources"]["broken"]["ok"] is False and "KeyError" in health["errors"]["broken"]["last"]
     assert 'kvdoctor_collector_errors_total{source="broken"}' in metrics
     assert sum("a bug" in r.getMessage() for r in caplog.records) == 1
+
+
+# -- 7. /report off the loop, cached per capture size -------------------------------------------------
+def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
+    from kvdoctor.model import RequestRecord
+
+    listen = free_port()
+    cfg = AttachConfig(server_url="http://127.0.0.1:9", capture_dir=tmp_path / "cap", listen=f"127.0.0.1:{listen}")
+    with running_agent(cfg) as agent:
+        api = f"http://127.0.0.1:{listen}"
+        _wait_http(f"{api}/healthz")
+        for i in range(20):
+            agent.writer.write(RequestRecord(request_id=str(i), arrival_s=time.time() - 20 + i, ttft_s=0.1, e2e_s=1.0,
+                                             output_tokens=10))
+        pages = []
+        for _ in range(3):
+            with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
+                pages.append(r.read())
+        assert agent.reports_rendered == 1 and pages[0] == pages[1] == pages[2] and b"<html" in pages[0].lower()
+        agent.writer.write(RequestRecord(request_id="new", arrival_s=time.time(), ttft_s=0.1))
+        with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
+            r.read()
+        assert agent.reports_rendered == 2

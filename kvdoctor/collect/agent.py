@@ -106,6 +106,9 @@ class Agent:
         # threads mean fewer malloc arenas: part of keeping the sidecar under ~100 MiB
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvdoctor-source")
         self._live_lock = threading.Lock()
+        self._report_lock = threading.Lock()
+        self._report_cache: tuple[int, str] | None = None
+        self.reports_rendered = 0
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
@@ -323,8 +326,15 @@ class Agent:
         from ..capture import load
         from ..diagnosis import diagnose
 
-        self.writer.flush()
-        return render_html(diagnose(load(self.cfg.capture_dir), self.cfg.rules, self.cfg.options))
+        with self._report_lock:  # one render at a time; a page per capture size, reused until records arrive
+            key = sum(self.writer.counts.values())
+            if self._report_cache is not None and self._report_cache[0] == key:
+                return self._report_cache[1]
+            self.writer.flush()
+            html = render_html(diagnose(load(self.cfg.capture_dir), self.cfg.rules, self.cfg.options))
+            self._report_cache = (key, html)
+            self.reports_rendered += 1
+            return html
 
     async def _start_http(self) -> None:
         from aiohttp import web
