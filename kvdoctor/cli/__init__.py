@@ -3,7 +3,8 @@ exposes a click command named ``command``; COMMANDS names them, and a module is 
 when its command runs (start-up stays fast: `diagnose` does not import the sidecar).
 
 Errors the user can act on (bad input, bad rules) print one line and exit with a stable code:
-1 general, 2 bad input, 3 bad rule file, 4 source unreadable (nothing to diagnose), 70 internal error. No traceback unless KVDOCTOR_DEBUG=1.
+1 general, 2 bad input, 3 bad rule file, 4 source unreadable (nothing to diagnose), 5 attach could not write
+every record (see docs/security.md), 70 internal error. No traceback unless KVDOCTOR_DEBUG=1.
 """
 from __future__ import annotations
 
