@@ -100,9 +100,11 @@ def _decode(body: bytes, content_type: str) -> ExportTraceServiceRequest:
         raise _BadRequest(f"not valid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
         raise _BadRequest(f"expected a JSON object with resourceSpans, got {type(obj).__name__}")
-    hex_ids_to_base64(obj)
     try:
+        hex_ids_to_base64(obj)
         return json_format.ParseDict(obj, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except (TypeError, AttributeError, ValueError) as e:  # resourceSpans of the wrong shape
+        raise _BadRequest(f"not an OTLP/JSON ExportTraceServiceRequest ({type(e).__name__}: {str(e)[:120]})") from None
     except json_format.ParseError as e:
         raise _BadRequest(f"not an OTLP/JSON ExportTraceServiceRequest ({str(e).splitlines()[0]})") from None
 

@@ -197,7 +197,11 @@ def _histogram(picked: list[tuple[Wire, list]]) -> dict[str, Any] | None:
             sk = (w.wire,) + tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
             d = series.setdefault(sk, {"b": {}, "sum": None, "count": None, "scale": w.scale})
             if s.name.endswith("_bucket"):
-                d["b"][float(s.labels["le"]) * w.scale] = s.value
+                try:  # a bucket without a numeric le is not a bucket
+                    le = float(s.labels["le"])
+                except (KeyError, ValueError):
+                    continue
+                d["b"][le * w.scale] = s.value
             elif s.name.endswith("_sum"):
                 d["sum"] = s.value * w.scale
             elif s.name.endswith("_count"):

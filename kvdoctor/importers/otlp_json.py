@@ -140,20 +140,23 @@ def any_value(v: Any) -> Any:
 
 def hex_ids_to_base64(obj: Any) -> None:
     """OTLP/JSON writes ids as hex; protobuf's JSON mapping expects base64 for bytes fields."""
-    for rs in obj.get("resourceSpans") or ():
+    def _list(x: Any) -> Any:  # a field of the wrong shape is left for ParseDict to name
+        return x if isinstance(x, list) else ()
+
+    for rs in _list(obj.get("resourceSpans")):
         if not isinstance(rs, dict):
             continue
         if "instrumentationLibrarySpans" in rs and "scopeSpans" not in rs:  # collectors before v0.60
             rs["scopeSpans"] = rs.pop("instrumentationLibrarySpans")
-        for ss in rs.get("scopeSpans") or ():
+        for ss in _list(rs.get("scopeSpans")):
             if not isinstance(ss, dict):
                 continue
             if "instrumentationLibrary" in ss and "scope" not in ss:
                 ss["scope"] = ss.pop("instrumentationLibrary")
-            for span in ss.get("spans") or ():
+            for span in _list(ss.get("spans")):
                 if not isinstance(span, dict):
                     continue
-                items = [span, *(lk for lk in span.get("links") or () if isinstance(lk, dict))]
+                items = [span, *(lk for lk in _list(span.get("links")) if isinstance(lk, dict))]
                 for d in items:
                     for key in ("traceId", "spanId", "parentSpanId"):
                         v = d.get(key)
