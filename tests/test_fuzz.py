@@ -18,7 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 import kvdoctor  # noqa: E402
 from kvdoctor.errors import InputError, KvdoctorError, RuleError  # noqa: E402
 
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 #: JSON-ish values of the shapes the formats use, plus the odd ones (huge ints, NaN-like strings)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10 ** 30), max_value=10 ** 30),

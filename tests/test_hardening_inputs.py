@@ -212,3 +212,28 @@ def test_an_unreadable_token_file_is_a_one_line_error(tmp_path):
     res = CliRunner().invoke(cli, ["attach", "--server", "http://127.0.0.1:9", "--gpu", "none",
                                    "--token-file", str(tmp_path / "missing"), "--capture", str(tmp_path / "cap")])
     _one_line_error(res, 2, "--token-file", "cannot read")
+
+
+# -- 11. control characters never reach the terminal ------------------------------------------------
+EVIL = "\x1b]0;pwned\x07m\x1b[31mred\x9b2J"
+
+
+@pytest.mark.parametrize("cmd", [["summary"], ["diagnose"], ["diagnose", "--format", "markdown"]])
+def test_control_characters_from_a_capture_are_stripped_from_text_output(tmp_path, cmd):
+    from kvdoctor.model import CaptureMeta
+
+    with CaptureWriter(tmp_path / "c", CaptureMeta(engine="vllm", model=EVIL, server=EVIL)) as w:
+        for i in range(50):
+            w.write(RequestRecord(request_id=f"{EVIL}{i}", arrival_s=float(i), ttft_s=0.1 + (3.0 if i % 2 else 0),
+                                  e2e_s=4.0, output_tokens=20, model=EVIL, error=EVIL if i % 5 == 0 else None))
+    res = CliRunner().invoke(cli, [*cmd, str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    assert "pwned" in res.output or "red" in res.output or len(res.output) > 50  # the data is there, defanged
+    assert not any(c in res.output for c in "\x1b\x07\x9b")
+
+
+def test_an_error_line_naming_hostile_bytes_is_defanged(tmp_path):
+    src = tmp_path / "t\x07\x9b2Jrace.jsonl"  # click strips only ANSI colour sequences itself
+    src.write_text("nope\n")
+    res = CliRunner().invoke(cli, ["import", "mooncake", str(src), "-o", str(tmp_path / "cap")])
+    assert res.exit_code == 2 and "\x07" not in res.output and "\x9b" not in res.output and "race.jsonl" in res.output

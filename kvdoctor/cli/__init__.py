@@ -42,7 +42,9 @@ class _Group(click.Group):
         except KvdoctorError as e:
             if os.environ.get("KVDOCTOR_DEBUG"):
                 raise
-            click.echo(f"kvdoctor: error: {e}", err=True)
+            from .common import printable
+
+            click.echo(printable(f"kvdoctor: error: {e}"), err=True)
             sys.exit(e.exit_code)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit,
                 KeyboardInterrupt):
@@ -50,8 +52,10 @@ class _Group(click.Group):
         except Exception as e:  # a bug: still one line, with the way to the traceback
             if os.environ.get("KVDOCTOR_DEBUG"):
                 raise
-            click.echo(f"kvdoctor: internal error: {type(e).__name__}: {e} (KVDOCTOR_DEBUG=1 shows the traceback; "
-                       "please report it)", err=True)
+            from .common import printable
+
+            click.echo(printable(f"kvdoctor: internal error: {type(e).__name__}: {e} (KVDOCTOR_DEBUG=1 shows the "
+                                 "traceback; please report it)"), err=True)
             sys.exit(70)
 
 

@@ -20,4 +20,7 @@ def command(capture, since, until, rules_dirs, slo, sets, lookback, step, max_mo
     """
     from ..report.summary import summary_text
 
-    click.echo(summary_text(run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len)), nl=False)
+    from .common import printable
+
+    click.echo(printable(summary_text(run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step,
+                                                    max_model_len))), nl=False)

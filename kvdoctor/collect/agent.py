@@ -284,8 +284,10 @@ class Agent:
     def _announce(self, what: str, inc: LiveIncident) -> None:
         from ..report.summary import live_incident_text
 
+        from ..cli.common import printable
+
         text = live_incident_text(inc, what, self.writer.meta.engine)
-        log.warning("%s", text)
+        log.warning("%s", printable(text))
         if self.cfg.on_change:
             self.cfg.on_change(what, inc)
         self.writer.write(Event(time_s=time.time(), kind=f"incident-{what}",
