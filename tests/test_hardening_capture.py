@@ -214,3 +214,28 @@ def test_torn_lines_in_event_streams_are_skipped_too(tmp_path):
     cap = kvdoctor.load(tmp_path / "c")
     assert [e["time_s"] for e in cap.events] == [1.0, 3.0]
     assert any("events-000001.jsonl: line 2" in w for w in cap.warnings)
+
+
+# -- 7. the writer's own thread ------------------------------------------------------------------------
+def test_queued_writer_never_blocks_the_caller_on_a_stalled_disk(tmp_path):
+    """The disk stalls (the writer's lock held, as during a long fsync): writes return at once,
+    what does not fit the queue is dropped and counted, the rest is written in order."""
+    import time
+
+    from kvdoctor.capture.queued import QueuedWriter
+
+    dropped = []
+    qw = QueuedWriter(CaptureWriter(tmp_path / "c"), max_queue=10, on_drop=lambda k, n: dropped.append((k, n)))
+    qw.writer._lock.acquire()
+    try:
+        t0 = time.monotonic()
+        for i in range(100):
+            qw.write(RequestRecord(request_id=str(i), ttft_s=0.1))
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        qw.writer._lock.release()
+    qw.close()
+    lost = qw.queue_dropped["requests"]
+    assert 85 <= lost <= 90 and sum(n for _, n in dropped) == lost
+    ids = kvdoctor.load(tmp_path / "c").requests.strings("request_id")
+    assert len(ids) == 100 - lost and ids == sorted(ids, key=int)  # in order, none torn

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..capture import CaptureWriter
+from ..capture.queued import QueuedWriter
 from ..capture.writer import kind_of
 from ..capture.memory import from_records
 from ..diagnosis import Options, Rule
@@ -88,7 +89,9 @@ class Agent:
         meta = CaptureMeta(created_unix_s=time.time(), server=cfg.server_url, origin="attach",
                            config=dict(cfg.engine_config), text_stored=cfg.store_text, tool_version=__version__)
         # drop_on_error: a full or read-only disk costs records (counted), never the sidecar
-        self.writer = CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes, drop_on_error=True)
+        self.writer = QueuedWriter(
+            CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes, drop_on_error=True),
+            on_drop=lambda kind, n: self.metrics["kvdoctor_capture_dropped_total"].labels(kind=kind).inc(n))
         self.metrics = Metrics()
         self._set_info(None)
         self.live = LiveDiagnoser(cfg.rules, cfg.options)
@@ -119,12 +122,8 @@ class Agent:
             self.collector_error("capture", e)
 
     def _emit(self, record: Any) -> None:
-        dropped = self.writer.dropped
         kind = kind_of(record)
-        before = dropped[kind]
-        self.writer.write(record)
-        if dropped[kind] != before:
-            self.metrics["kvdoctor_capture_dropped_total"].labels(kind=kind).inc(dropped[kind] - before)
+        self.writer.write(record)  # queued: the disk is the writer thread's business
         self._recent[kind].append(record)
         self.metrics["kvdoctor_capture_records_total"].labels(kind=kind).inc()
         if isinstance(record, RequestRecord):
@@ -312,7 +311,7 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         w = self.writer
-        dropped = {k: n for k, n in w.dropped.items() if n}
+        dropped = {k: n + w.queue_dropped[k] for k, n in w.dropped.items() if n + w.queue_dropped[k]}
         return {"status": "degraded" if w.last_error else "ok",
                 "uptime_s": round(time.time() - self.started_s, 1), "capture": str(self.cfg.capture_dir),
                 "records": dict(w.counts), "capture_dropped": dropped, "capture_error": w.last_error,
@@ -329,10 +328,10 @@ class Agent:
         from ..diagnosis import diagnose
 
         with self._report_lock:  # one render at a time; a page per capture size, reused until records arrive
+            self.writer.flush()  # every queued record on disk first
             key = sum(self.writer.counts.values())
             if self._report_cache is not None and self._report_cache[0] == key:
                 return self._report_cache[1]
-            self.writer.flush()
             html = render_html(diagnose(load(self.cfg.capture_dir), self.cfg.rules, self.cfg.options))
             self._report_cache = (key, html)
             self.reports_rendered += 1
@@ -386,7 +385,7 @@ class Agent:
     def capture_problem(self) -> str | None:
         """After ``run``: why the capture is incomplete (records dropped, meta not written), or None."""
         w = self.writer
-        lost = sum(w.dropped.values())
+        lost = sum(w.dropped.values()) + sum(w.queue_dropped.values())
         if lost:
             return f"{lost} record(s) could not be written ({w.last_error or 'disk full or read-only'})"
         if w.last_error:
