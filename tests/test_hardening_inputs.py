@@ -237,3 +237,20 @@ def test_an_error_line_naming_hostile_bytes_is_defanged(tmp_path):
     src.write_text("nope\n")
     res = CliRunner().invoke(cli, ["import", "mooncake", str(src), "-o", str(tmp_path / "cap")])
     assert res.exit_code == 2 and "\x07" not in res.output and "\x9b" not in res.output and "race.jsonl" in res.output
+
+
+def test_markdown_output_escapes_what_comes_from_the_capture(tmp_path):
+    from kvdoctor.model import CaptureMeta
+
+    model = "evil](http://x.example/phish) <img src=x onerror=alert(1)> | **bold**"
+    with CaptureWriter(tmp_path / "c", CaptureMeta(engine="vllm", model=model)) as w:
+        for i in range(20):
+            w.write(RequestRecord(request_id=str(i), arrival_s=float(i), ttft_s=0.1, e2e_s=1.0, output_tokens=10))
+    res = CliRunner().invoke(cli, ["diagnose", "--format", "markdown", str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if "phish" in x)
+    import re
+
+    value = line.split("model ", 1)[1]
+    assert re.search(r"(?<!\\)[<>\[\]()|*]", value) is None, value  # every markup character escaped
+    assert value.replace("\\", "") == model

@@ -78,23 +78,33 @@ def _knobs(knobs: dict[str, str], engine: str | None, limit: int = 2) -> list[st
     return [f"{ENGINE_LABEL[k]}: {knobs[k]}" for k in keys[:limit]]
 
 
-def _header(diag: Diagnosis) -> list[str]:
+_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_{}[]()#+-.!|<>~"} | {"\n": " ", "\r": " "})
+
+
+def md_escape(text: object) -> str:
+    """Text from a capture (paths, model names, source details) as literal Markdown: no markup,
+    links, HTML or table breaks can come in through it."""
+    return str(text).translate(_MD_SPECIAL)
+
+
+def _header(diag: Diagnosis, esc=str) -> list[str]:
+    """The header lines; ``esc`` escapes the values that come from the capture (Markdown)."""
     meta = diag.capture.meta
     span = max(diag.end_s - diag.start_s, 0)
     when = (f"{diag.time_label(diag.start_s)} → {diag.time_label(diag.end_s)} ({duration_text(span)})"
             if diag.arrivals_known else "arrival times unknown")
-    lines = [f"kvdoctor · {diag.capture.path} · {len(diag.capture.requests):,} requests · {when}"]
-    what = " · ".join(x for x in (meta.engine and f"engine {meta.engine}", meta.model and f"model {meta.model}",
-                                  meta.gpu and f"GPU {meta.gpu}") if x)
+    lines = [f"kvdoctor · {esc(diag.capture.path)} · {len(diag.capture.requests):,} requests · {when}"]
+    what = " · ".join(x for x in (meta.engine and f"engine {esc(meta.engine)}", meta.model and f"model {esc(meta.model)}",
+                                  meta.gpu and f"GPU {esc(meta.gpu)}") if x)
     if what:
         lines.append(what)
     missing = [k for k, v in meta.sources.items() if not v.ok]
     if missing:
-        lines.append("not read: " + ", ".join(f"{k} ({meta.sources[k].detail})" for k in missing))
+        lines.append("not read: " + ", ".join(f"{esc(k)} ({esc(meta.sources[k].detail)})" for k in missing))
     if diag.context_limit_tokens and diag.context_limit_source != "engine info in the capture":
-        lines.append(f"context limit: {diag.context_limit_tokens:,.0f} tokens, from {diag.context_limit_source}")
+        lines.append(f"context limit: {diag.context_limit_tokens:,.0f} tokens, from {esc(diag.context_limit_source)}")
     for w in diag.warnings:
-        lines.append(f"warning: {w}")
+        lines.append(f"warning: {esc(w)}")
     return lines
 
 
@@ -199,7 +209,7 @@ def full_text(diag: Diagnosis) -> str:
 
 
 def markdown(diag: Diagnosis) -> str:
-    out = ["# kvdoctor diagnosis", "", *[f"- {x}" for x in _header(diag)], ""]
+    out = ["# kvdoctor diagnosis", "", *[f"- {x}" for x in _header(diag, md_escape)], ""]
     if not diag.incidents:
         return "\n".join(out + ["**No incident**: no rule fired. " + _healthy_line(diag), ""]
                          + [f"_{x}_" for x in _not_evaluated(diag)] + [""] * bool(_not_evaluated(diag)))
