@@ -22,6 +22,11 @@ C. 32 concurrent streams against llama-server through each target: every respons
    be HTTP 200, every SSE event complete JSON, content chunks == usage.completion_tokens,
    ending with ``[DONE]``; counts corrupted / dropped responses (must be 0).
 
+Target ``attach`` (parts A and B; ``--no-attach`` leaves it out) is the real sidecar path:
+``kvdoctor attach --server UPSTREAM --proxy ...`` with its capture writer, /metrics scrape (every
+second), live evaluation (every second) on, and ``/report`` requested every second throughout.
+The verdict prints its added TTFT P99 and its ratio to nginx's, from the one run.
+
 Targets: added TTFT P99 <= 2 ms and <= 1.5x nginx's. nginx must be installed
 (``apt-get install nginx-light``); without it (or with --skip-nginx) nginx is left out.
 Everything listens on 127.0.0.1 and every loop is bounded in count and time.
@@ -38,6 +43,7 @@ import os
 import random
 import shutil
 import signal
+import threading
 import subprocess
 import sys
 import tempfile
@@ -218,6 +224,30 @@ NGINX_SERVER = """
         }}
     }}
 """
+
+
+def start_attach(upstream: str, tmp: Path, name: str) -> tuple[Proc, str, str]:
+    """The real `kvdoctor attach --proxy` sidecar in front of ``upstream``: (proc, proxy URL, endpoints URL)."""
+    pport, lport = free_port(), free_port()
+    cmd = [sys.executable, "-m", "kvdoctor", "attach", "--server", upstream, "--proxy", f"127.0.0.1:{pport}",
+           "--listen", f"127.0.0.1:{lport}", "--gpu", "none", "--step", "1s", "--scrape-interval", "1",
+           "--capture", str(tmp / f"cap-{name}"), "-q"]
+    return Proc(f"attach-{name}", cmd, f"http://127.0.0.1:{lport}/healthz"), \
+        f"http://127.0.0.1:{pport}", f"http://127.0.0.1:{lport}"
+
+
+def poll_reports(endpoints: list[str], stop: "threading.Event", counts: dict[str, int]) -> None:
+    """GET /report on every sidecar once a second until ``stop`` (the load the issue names)."""
+    import urllib.request
+
+    while not stop.wait(1.0):
+        for base in endpoints:
+            try:
+                with urllib.request.urlopen(f"{base}/report", timeout=30) as r:
+                    r.read()
+                    counts[base] = counts.get(base, 0) + 1
+            except OSError:
+                counts[f"{base} failed"] = counts.get(f"{base} failed", 0) + 1
 
 
 def start_nginx(pairs: list[tuple[int, int]], tmp: Path) -> Proc | None:
@@ -427,6 +457,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrent", type=int, default=32, help="part C concurrent streams")
     ap.add_argument("--skip-nginx", action="store_true")
+    ap.add_argument("--no-attach", action="store_true", help="leave out the full `kvdoctor attach --proxy` target")
     ap.add_argument("--parts", default="ABC")
     ap.add_argument("--max-duration", type=float, default=1200.0, help="seconds, whole run")
     ap.add_argument("--json", help="write results here")
@@ -447,6 +478,9 @@ def main() -> int:
     results: dict[str, Any] = {"args": vars(args)}
     tmp = Path(tempfile.mkdtemp(prefix="kvd-bench-proxy-"))
     llama = None
+    report_apis: list[str] = []
+    report_stop = threading.Event()
+    report_counts: dict[str, int] = {}
     try:
         targets_real: dict[str, str] = {}
         targets_fake: dict[str, str] = {}
@@ -461,6 +495,11 @@ def main() -> int:
             procs.append(Proc("proxy-llama", [py, me, "--_proxy", llama.url, str(pk)],
                               f"http://127.0.0.1:{pk}/health"))
             targets_real["kvdoctor"] = f"http://127.0.0.1:{pk}"
+            if not args.no_attach:
+                proc, url, api = start_attach(llama.url, tmp, "llama")
+                procs.append(proc)
+                targets_real["attach"] = url
+                report_apis.append(api)
             pn = free_port()
             pairs.append((llama.port, pn))
             targets_real["nginx"] = f"http://127.0.0.1:{pn}"
@@ -473,6 +512,11 @@ def main() -> int:
             procs.append(Proc("proxy-fake", [py, me, "--_proxy", targets_fake["direct"], str(pk)],
                               f"http://127.0.0.1:{pk}/health"))
             targets_fake["kvdoctor"] = f"http://127.0.0.1:{pk}"
+            if not args.no_attach:
+                proc, url, api = start_attach(targets_fake["direct"], tmp, "fake")
+                procs.append(proc)
+                targets_fake["attach"] = url
+                report_apis.append(api)
             pn = free_port()
             pairs.append((fport, pn))
             targets_fake["nginx"] = f"http://127.0.0.1:{pn}"
@@ -485,6 +529,8 @@ def main() -> int:
             procs.append(ngx)
         for p in procs:
             p.wait_healthy()
+        if report_apis:
+            threading.Thread(target=poll_reports, args=(report_apis, report_stop, report_counts), daemon=True).start()
 
         if "A" in args.parts:
             res = asyncio.run(sequential(targets_real, args.n, lambda i, k: chat_body(i, args.max_tokens, k),
@@ -508,6 +554,8 @@ def main() -> int:
             results["C_real_concurrent"] = rows
             print_table(f"C. {args.concurrent} concurrent streams, llama-server -np {args.parallel}", rows)
     finally:
+        report_stop.set()
+        results["report_requests"] = report_counts
         for p in reversed(procs):
             out = p.stop()
             if p.name.startswith("proxy") and out.strip():
@@ -525,7 +573,15 @@ def main() -> int:
             verdict[part] = {"kvdoctor_added_ttft_p99_ms": k, "nginx_added_ttft_p99_ms": ng,
                              "le_2ms": k is not None and k <= 2.0,
                              "le_1.5x_nginx": None if ng is None else k <= 1.5 * max(ng, 0.0) or k <= 0.0}
+        if rows and "attach" in rows:
+            a = rows["attach"]["added_ttft_p99_ms"]
+            ng = rows.get("nginx", {}).get("added_ttft_p99_ms")
+            verdict.setdefault(part, {}).update({
+                "attach_added_ttft_p99_ms": a, "attach_le_2ms": a is not None and a <= 2.0,
+                "attach_ratio_to_nginx": None if ng is None or a is None or ng <= 0 else round(a / ng, 2),
+                "attach_le_1.5x_nginx": None if ng is None or a is None else a <= 1.5 * max(ng, 0.0) or a <= 0.0})
     results["verdict"] = verdict
+    print("report requests served during the run:", json.dumps(report_counts))
     print("verdict:", json.dumps(verdict))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

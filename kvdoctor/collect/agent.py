@@ -112,6 +112,7 @@ class Agent:
         self._report_lock = threading.Lock()
         self._report_cache: tuple[int, str] | None = None
         self.reports_rendered = 0
+        self._render_pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
@@ -321,18 +322,24 @@ class Agent:
 
     def report_html(self) -> str | None:
         try:
-            from ..report.html import render_html
+            import plotly  # noqa: F401  (the report's one optional dependency)
         except ImportError:
             return None
-        from ..capture import load
-        from ..diagnosis import diagnose
 
         with self._report_lock:  # one render at a time; a page per capture size, reused until records arrive
             self.writer.flush()  # every queued record on disk first
             key = sum(self.writer.counts.values())
             if self._report_cache is not None and self._report_cache[0] == key:
                 return self._report_cache[1]
-            html = render_html(diagnose(load(self.cfg.capture_dir), self.cfg.rules, self.cfg.options))
+            # in a process of its own: rendering is seconds of Python, and in a thread it would
+            # hold the GIL the proxy relays with (measured: hundreds of ms added to TTFT P99)
+            if self._render_pool is None:
+                import multiprocessing
+
+                self._render_pool = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            html = self._render_pool.submit(_render_report, str(self.cfg.capture_dir), self.cfg.rules,
+                                            self.cfg.options).result(timeout=REPORT_TIMEOUT_S)
             self._report_cache = (key, html)
             self.reports_rendered += 1
             return html
@@ -423,7 +430,21 @@ class Agent:
             if self.otel:
                 self.otel.shutdown()
             self._pool.shutdown(wait=False, cancel_futures=True)
+            if self._render_pool is not None:
+                self._render_pool.shutdown(wait=False, cancel_futures=True)
             self.writer.close()
+
+
+REPORT_TIMEOUT_S = 120.0
+
+
+def _render_report(capture_dir: str, rules: list[Rule], options: Options) -> str:
+    """/report's page, in the render process."""
+    from ..capture import load
+    from ..diagnosis import diagnose
+    from ..report.html import render_html
+
+    return render_html(diagnose(load(capture_dir), rules, options))
 
 
 def _time(record: Any) -> float:
