@@ -288,3 +288,44 @@ def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
         with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
             r.read()
         assert agent.reports_rendered == 2
+
+
+# -- fault suite: signals at random points ---------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_signals_at_random_points_leave_a_readable_capture(tmp_path, sig):
+    """attach with the proxy under traffic, stopped at random instants (start-up included):
+    SIGTERM exits 0 within seconds; either way the capture loads with at most torn last lines."""
+    import random
+
+    from kvdoctor.testing.loadgen import run_load, short_prompts
+
+    rng = random.Random(14)
+    sse = (b'data: {"choices":[{"delta":{"content":"hi "}}]}\n\n' * 5) + b"data: [DONE]\n\n"
+    with raw_server({"/v1/chat/completions": ok(sse, b"text/event-stream"), "/metrics": ok(LLAMA_PAGE)}) as srv:
+        for k in range(3):
+            cap, pport = tmp_path / f"cap{k}", free_port()
+            proc = subprocess.Popen([sys.executable, "-m", "kvdoctor", "attach", "--server", srv.url, "--capture",
+                                     str(cap), "--listen", str(free_port()), "--proxy", str(pport), "--gpu", "none",
+                                     "--scrape-interval", "0.2", "--step", "1s"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                end = time.monotonic() + 20
+                while time.monotonic() < end:
+                    with socket.socket() as s:
+                        if s.connect_ex(("127.0.0.1", pport)) == 0:
+                            break
+                    time.sleep(0.05)
+                url = f"http://127.0.0.1:{pport}"
+                threading.Thread(target=lambda: asyncio.run(run_load(url, short_prompts(40, max_tokens=8), concurrency=4)),
+                                 daemon=True).start()
+                time.sleep(rng.uniform(0.0, 1.5))
+                t0 = time.monotonic()
+                proc.send_signal(sig)
+                _, err = proc.communicate(timeout=15)
+                took = time.monotonic() - t0
+            finally:
+                proc.kill()
+            if sig == signal.SIGTERM:
+                assert proc.returncode == 0 and took < 6.0, (proc.returncode, took, err[-1500:])
+            c = kvdoctor.load(cap)
+            assert all("torn last line" in w for w in c.warnings), c.warnings
