@@ -542,7 +542,13 @@ class _Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrival = time.time()
         self.stats["requests"] += 1
-        body = await request.read()
+        declared = request.content_length
+        if (declared is not None and declared > MAX_ANALYSED_BODY) or (declared is None and request.body_exists):
+            # a body too large to analyse (or of unknown length) is streamed upstream as it
+            # arrives, never held whole: the record keeps its timings, not its prompt stats
+            body, stream = b"", request.content
+        else:
+            body, stream = await request.read(), None
         kind = ANALYSED_PATHS.get(request.path) if request.method == "POST" else None
         an: _Analysis | None = None
         if kind is not None:
@@ -556,16 +562,19 @@ class _Proxy:
         if an is not None:
             self.in_flight[id(an)] = an
         try:
-            return await self._handle(request, body, an)
+            return await self._handle(request, body, an, stream)
         finally:
             if an is not None:
                 self.in_flight.pop(id(an), None)
 
-    async def _handle(self, request: web.Request, body: bytes, an: _Analysis | None) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, body: bytes, an: _Analysis | None,
+                      stream: Any = None) -> web.StreamResponse:
         assert self.session is not None
         url = URL(self.base + request.raw_path, encoded=True)
         headers = _forward_headers(request.headers, _REQ_DROP)
-        data = body if body else None
+        data = stream if stream is not None else (body if body else None)
+        if stream is not None and request.content_length is not None:  # the client's framing, not chunked
+            headers.append(("Content-Length", str(request.content_length)))
         try:
             t_send = time.monotonic()
             try:
@@ -578,7 +587,7 @@ class _Proxy:
                 # closes it after a response that outlived its 5 s keep-alive timer): the
                 # request never got an answer; send it once more on a new connection. Only
                 # when that happened at once, not after the server worked on it a while.
-                if time.monotonic() - t_send > RETRY_WITHIN_S:
+                if time.monotonic() - t_send > RETRY_WITHIN_S or stream is not None:  # a stream cannot be re-sent
                     raise
                 self.stats["retries"] += 1
                 # llama.cpp closes the connection after every streamed response: from now
