@@ -46,6 +46,8 @@ class RequestRecord:
     http_status: int | None = None
     model: str | None = None
     server: str | None = None
+    #: W3C trace id (32 hex) of the client's ``traceparent`` or the engine's span: joins the two
+    trace_id: str | None = None
     #: share of the output that repeats earlier n-grams (0 = none, 1 = all); no text kept
     output_repetition: float | None = None
     #: `kvdoctor quality`: the same prompt on a baseline server (greedy): how much of the output

@@ -50,6 +50,7 @@ REQUEST_SCHEMA = pa.schema(
         ("http_status", pa.float64()),
         ("model", pa.string()),
         ("server", pa.string()),
+        ("trace_id", pa.string()),
         ("output_repetition", pa.float64()),
         ("baseline_agreement_frac", pa.float64()),
         ("baseline_output_repetition", pa.float64()),

@@ -86,6 +86,8 @@ def _limit_malloc_arenas(n: int = 2) -> None:
               help="The inference server: scraped for /metrics, and the proxy's upstream.")
 @click.option("--proxy", metavar="HOST:PORT", help="Serve a streaming OpenAI-compatible proxy here; point clients at it.")
 @click.option("--otlp-receiver", metavar="HOST:PORT", help="Receive the engine's OTLP/HTTP spans here (vLLM/SGLang --otlp-traces-endpoint).")
+@click.option("--otlp-grpc-receiver", metavar="HOST:PORT",
+              help="Receive the engine's OTLP/gRPC spans here (vLLM's default protocol; port 4317 by convention).")
 @click.option("--capture", "capture_dir", type=click.Path(), help="Capture folder [default: ./kvdoctor-capture-DATE-TIME].")
 @click.option("--listen", default="127.0.0.1:9400", show_default=True, metavar="HOST:PORT",
               help="kvdoctor's own /healthz /metrics /incidents /report. Loopback unless you say otherwise.")
@@ -110,9 +112,9 @@ def _limit_malloc_arenas(n: int = 2) -> None:
 @click.option("--duration", type=float, help="Stop after this many seconds (default: until Ctrl-C / SIGTERM).")
 @click.option("--nvml-replay", type=click.Path(exists=True), hidden=True, help="Replay recorded NVML readings (demos, tests).")
 @click.option("-q", "--quiet", is_flag=True, help="Only incidents and errors on the terminal.")
-def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu_interval, scrape_interval, no_scrape,
-            rules_dirs, slo, lookback, step, webhook, token, token_file, otlp_endpoint, store_text, engine_config, max_capture_bytes,
-            duration, nvml_replay, quiet):
+def command(server_url, proxy, otlp_receiver, otlp_grpc_receiver, capture_dir, listen, gpu, pid, gpu_interval, scrape_interval,
+            no_scrape, rules_dirs, slo, lookback, step, webhook, token, token_file, otlp_endpoint, store_text, engine_config,
+            max_capture_bytes, duration, nvml_replay, quiet):
     """Sidecar beside a running inference server: capture to disk and diagnose live.
 
     Without changing the server, it samples GPU memory and bandwidth (NVML), the server
@@ -132,7 +134,8 @@ def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu
     from ..diagnosis.rules import parse_duration
 
     for option, value, default in (("--listen", listen, 9400), ("--proxy", proxy, 9000),
-                                   ("--otlp-receiver", otlp_receiver, 4318)):
+                                   ("--otlp-receiver", otlp_receiver, 4318),
+                                   ("--otlp-grpc-receiver", otlp_grpc_receiver, 4317)):
         if value:
             host_port(value, default, option)  # a bad address is a one-line error before anything starts
     token = _read_token(token, token_file)
@@ -147,6 +150,7 @@ def command(server_url, proxy, otlp_receiver, capture_dir, listen, gpu, pid, gpu
     capture = Path(capture_dir or time.strftime("kvdoctor-capture-%Y%m%d-%H%M%S"))
     cfg = AttachConfig(
         server_url=server_url.rstrip("/"), capture_dir=capture, listen=listen, proxy=proxy, otlp_receiver=otlp_receiver,
+        otlp_grpc_receiver=otlp_grpc_receiver,
         rules=load_rules([Path(d) for d in rules_dirs]), options=options, webhook=webhook, token=token,
         otlp_endpoint=otlp_endpoint, store_text=store_text, engine_config=_engine_config(engine_config),
         max_capture_bytes=max_capture_bytes, duration_s=duration,

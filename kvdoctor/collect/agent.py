@@ -70,6 +70,7 @@ class AttachConfig:
     listen: str | None = "127.0.0.1:9400"
     proxy: str | None = None
     otlp_receiver: str | None = None
+    otlp_grpc_receiver: str | None = None
     rules: list[Rule] = field(default_factory=list)
     options: Options = field(default_factory=lambda: Options(lookback_s=300.0, step_s=5.0))
     webhook: str | None = None
@@ -101,6 +102,7 @@ class Agent:
         self._errors_logged: set[tuple[str, str]] = set()
         self._stop = asyncio.Event()
         self._runners: list[Any] = []
+        self._grpc: Any = None  # the OTLP/gRPC receiver's grpc.aio server
         self.started_s = time.time()
         self.steps = 0
         self.otel = None
@@ -366,6 +368,12 @@ class Agent:
 
             host, port = host_port(self.cfg.otlp_receiver, 4318, "--otlp-receiver")
             await self._site(web, make_receiver(self), host, port, "otlp")
+        if self.cfg.otlp_grpc_receiver:
+            from .otlp_grpc import DEFAULT_PORT, start_grpc_receiver
+
+            host, port = host_port(self.cfg.otlp_grpc_receiver, DEFAULT_PORT)
+            self._grpc, _, bound = await start_grpc_receiver(self, host, port)
+            log.info("otlp-grpc listening on %s:%d", host, bound)
 
     async def _site(self, web, app, host: str, port: int, what: str) -> None:
         # auto_decompress off: the proxy passes bodies byte for byte, the OTLP receiver inflates itself
@@ -423,6 +431,8 @@ class Agent:
         finally:
             for runner in self._runners:
                 await runner.cleanup()
+            if self._grpc is not None:
+                await self._grpc.stop(1.0)
             try:
                 self.diagnose_now()
             except Exception:

@@ -123,7 +123,8 @@ def records_from_request(msg: ExportTraceServiceRequest, stats: dict[str, int]) 
                 try:
                     records.append(request_from_span_attributes(
                         attrs, span.start_time_unix_nano or None, span.end_time_unix_nano or None,
-                        fallback_id=bytes(span.span_id).hex() or None, error=err))
+                        fallback_id=bytes(span.span_id).hex() or None, error=err,
+                        trace_id=bytes(span.trace_id).hex()))
                 except InputError as e:
                     errors.append(f"span {span.name!r} {bytes(span.span_id).hex()}: {e}")
     return records, errors

@@ -154,6 +154,18 @@ def client_request_id(value: str | None) -> str | None:
     return None
 
 
+#: W3C trace context: version-traceid-parentid-flags, lower-case hex
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+def traceparent_trace_id(value: str | None) -> str | None:
+    """The trace id of a valid ``traceparent`` header (the engine's span carries the same one)."""
+    m = _TRACEPARENT.fullmatch((value or "").strip())
+    if m is None or m.group(1) == "ff" or m.group(2) == "0" * 32:
+        return None
+    return m.group(2)
+
+
 def _pct(sorted_xs: list[float], q: float) -> float:
     """Linear-interpolated percentile of a sorted list (numpy's default method), no numpy."""
     pos = (len(sorted_xs) - 1) * q / 100.0
@@ -176,7 +188,7 @@ class _Analysis:
     __slots__ = ("saw_done", "kind", "arrival_s", "store_text", "http_status", "sse", "first_s", "last_s",
                  "finish_s", "itl", "n_content", "usage", "timings", "model", "stream_error",
                  "rep", "out_parts", "_buf", "_crlf", "_body", "_body_len", "status",
-                 "note", "client_id")
+                 "note", "client_id", "trace_id")
 
     def __init__(self, kind: str, arrival_s: float, store_text: bool) -> None:
         self.kind = kind
@@ -206,6 +218,8 @@ class _Analysis:
         self.note: str | None = None
         #: the client's own id for the request (X-Request-Id), kept so records join the client's logs
         self.client_id: str | None = None
+        #: the trace id of the client's W3C traceparent: joins the record to the engine's span
+        self.trace_id: str | None = None
 
     # ---------------------------------------------------------------- response start
     def start(self, http_status: int, content_type: str) -> None:
@@ -455,6 +469,7 @@ class _Analysis:
             http_status=http_status,
             model=model,
             server=server,
+            trace_id=self.trace_id,
             output_repetition=rep_value,
             prompt_text=prompt if store_text else None,
             output_text=out_text if store_text else None,
@@ -555,6 +570,7 @@ class _Proxy:
             try:
                 an = _Analysis(kind, arrival, self.store_text)
                 an.client_id = client_request_id(request.headers.get("X-Request-Id"))
+                an.trace_id = traceparent_trace_id(request.headers.get("traceparent"))
                 self.stats["analysed"] += 1
             except Exception as e:  # noqa: BLE001
                 self._fail(None, "init", e)

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from ..engines import llamacpp_config_from_props, parse_scrape
+from ..engines.vllm import vllm_config_from_models
 from ..errors import InputError
 from ..model import EngineSample, Event
 from .base import SourceUnavailable
@@ -144,6 +145,21 @@ class ScrapeCollector:
         out.append(sample)
         return out
 
+    def _vllm_config(self, now_s: float, force: bool) -> list[Any]:
+        """``max_model_len`` from /v1/models: vLLM's /metrics does not carry the context limit."""
+        if not force and time.monotonic() - self._config_at < CONFIG_EVERY_S:
+            return []
+        self._config_at = time.monotonic()
+        try:
+            status, body = http_get(f"{self.base_url}/v1/models", self.timeout_s)
+            cfg = vllm_config_from_models(orjson.loads(body)) if status == 200 else {}
+        except (OSError, urllib.error.URLError, orjson.JSONDecodeError):
+            return []
+        if not cfg or all(self.config.get(k) == v for k, v in cfg.items()):
+            return []
+        self.config.update(cfg)
+        return [Event(time_s=now_s, kind="config", server=self.server, detail=dict(cfg))]
+
     def _restarted(self, sample: EngineSample) -> bool:
         fell = False
         for name in RESTART_COUNTERS:
@@ -157,7 +173,9 @@ class ScrapeCollector:
         return fell
 
     def _config(self, now_s: float, force: bool) -> list[Any]:
-        """llama.cpp's /props and /slots (read every CONFIG_EVERY_S, and after a restart)."""
+        """llama.cpp's /props and /slots, vLLM's /v1/models (read every CONFIG_EVERY_S, and after a restart)."""
+        if self.engine == "vllm":
+            return self._vllm_config(now_s, force)
         if self.engine not in (None, "llamacpp") or (not force and time.monotonic() - self._config_at < CONFIG_EVERY_S):
             return []
         self._config_at = time.monotonic()

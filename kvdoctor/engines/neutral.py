@@ -74,6 +74,8 @@ _N = [
      "requests deferred for lack of a free slot (llama.cpp); copied to requests_waiting"),
     ("requests_retracted", "gauge", "requests", "sum",
      "requests retracted (preempted) at the latest scheduler step (SGLang gauge)"),
+    ("requests_waiting_capacity", "gauge", "requests", "sum",
+     "requests waiting for scheduling capacity: a batch slot or KV blocks (vLLM, moves at once on preemption)"),
     # KV cache
     ("kv_usage_frac", "gauge", "fraction", "mean", "KV cache in use, 0..1 (percentages converted)"),
     ("kv_used_tokens", "gauge", "tokens", "sum", "KV cache slots in use, in tokens"),
@@ -96,6 +98,9 @@ _N = [
     ("prompt_seconds_total", "counter", "seconds", "sum", "time spent on prompt processing (llama.cpp)"),
     ("decode_seconds_total", "counter", "seconds", "sum", "time spent generating tokens (llama.cpp)"),
     ("engine_steps_total", "counter", "steps", "sum", "engine forward calls (llama.cpp llama_decode)"),
+    ("requests_rejected_total", "counter", "requests", "sum", "requests refused at admission by a queue limit"),
+    ("read_bytes_total", "counter", "bytes", "sum", "bytes read from accelerator memory (the engine's estimate)"),
+    ("flops_total", "counter", "flops", "sum", "floating point operations (the engine's estimate)"),
     # throughput gauges the engine computes itself
     ("prompt_throughput_tokens_per_s", "gauge", "tokens/s", "sum", "prompt throughput the engine reports"),
     ("gen_throughput_tokens_per_s", "gauge", "tokens/s", "sum", "generation throughput the engine reports"),
@@ -137,6 +142,7 @@ CONFIG_KEYS: dict[str, str] = {
     "kv_num_cpu_blocks": "KV blocks in CPU swap space (vLLM v0)",
     "kv_capacity_tokens": "KV capacity in tokens (blocks × block size, or as reported)",
     "kv_cache_dtype": "KV cache data type (auto = model dtype)",
+    "kv_cache_bytes": "memory given to the KV cache",
     "prefix_caching": "prefix caching enabled",
     "gpu_memory_utilization_frac": "share of GPU memory the engine may take",
     "max_running_requests": "most requests in one batch (max-num-seqs, slots)",

@@ -75,7 +75,8 @@ def _attr_int(attrs: dict[str, Any], keys: tuple[str, ...]) -> int | None:
 
 
 def request_from_span_attributes(attrs: dict[str, Any], start_unix_nano: int | None, end_unix_nano: int | None,
-                                 *, fallback_id: str | None = None, error: str | None = None) -> RequestRecord:
+                                 *, fallback_id: str | None = None, error: str | None = None,
+                                 trace_id: str | None = None) -> RequestRecord:
     """One request from a vLLM/SGLang ``llm_request`` span's attributes (plain key -> value dict).
 
     ``start_unix_nano`` is the span start (vLLM starts the span at the request's arrival);
@@ -116,6 +117,7 @@ def request_from_span_attributes(attrs: dict[str, Any], start_unix_nano: int | N
         error=(error or "span status ERROR") if failed else None,
         http_status=http,
         model=str(model) if model is not None else None,
+        trace_id=trace_id or None,
     ))
 
 
@@ -228,7 +230,8 @@ def _requests(path: Path, n: int, msg, seen: dict[str, Any]) -> Iterator[Request
                 try:
                     rec = request_from_span_attributes(
                         attrs, span.start_time_unix_nano or None, span.end_time_unix_nano or None,
-                        fallback_id=bytes(span.span_id).hex() or None, error=err)
+                        fallback_id=bytes(span.span_id).hex() or None, error=err,
+                        trace_id=bytes(span.trace_id).hex())
                 except InputError as e:
                     raise InputError(f"{path}: line {n}: span {span.name!r}: {e}") from None
                 seen["spans"] += 1

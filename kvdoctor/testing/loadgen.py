@@ -49,6 +49,7 @@ class ChatRequest:
     think_s: float = 0.0         # pause after the previous turn of the session finished
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     model: str = "default"
+    headers: dict[str, str] = field(default_factory=dict)  # extra HTTP headers, e.g. a W3C traceparent
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ async def _stream_chat(session: aiohttp.ClientSession, url: str, req: ChatReques
     send = clock.now()
     try:
         async with session.post(url.rstrip("/") + "/v1/chat/completions", json=body,
-                                headers={"X-Request-Id": req.request_id},
+                                headers={"X-Request-Id": req.request_id, **req.headers},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             http_status = resp.status
             if resp.status != 200:

@@ -3,11 +3,17 @@ real streaming load through the proxy. Each writes a capture plus the client's o
 (``client-timings.jsonl``, the ground truth) and names the rule it should make the top cause.
 
     python -m kvdoctor.testing.scenarios multi-turn -o samples/multi-turn
+    python -m kvdoctor.testing.scenarios multi-turn -o samples/vllm-multi-turn --engine vllm
+
+On vLLM (``--engine vllm``, :mod:`kvdoctor.testing.vllm_server`) a scenario's llama.cpp context
+``n_ctx`` shared by ``parallel`` slots becomes ``--max-model-len n_ctx/parallel --max-num-seqs parallel``;
+``Scenario.vllm`` overrides or adds VllmServer arguments.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import socket
 import sys
@@ -45,6 +51,7 @@ class Scenario:
     parallel: int = 2
     server_args: tuple[str, ...] = ()
     engine_config: dict = field(default_factory=dict)
+    vllm: dict = field(default_factory=dict)  # VllmServer keyword arguments (--engine vllm)
 
 
 def _mix(short: list, long_: list, every: int) -> list:
@@ -70,6 +77,11 @@ def _fixed(reqs: list[loadgen.ChatRequest]) -> list[loadgen.ChatRequest]:
     return reqs
 
 
+#: vLLM settings shared by several scenarios, so tests start one server for all of them
+VLLM_MAIN = {"max_model_len": 2048, "max_num_seqs": 4}
+#: 9 blocks of 128 tokens (one reserved): 1,024 tokens of KV; 512-token sequences at most
+VLLM_TINY_KV = {"max_model_len": 512, "max_num_seqs": 8, "num_gpu_blocks_override": 9}
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("healthy", "modest load, short prompts: no incident",
              (Phase(lambda: _fixed(loadgen.short_prompts(40, max_tokens=24)), concurrency=2, arrival_rate_per_s=1.5),),
@@ -81,7 +93,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              expect="prefill-bound", n_ctx=8192, parallel=2),
     Scenario("multi-turn", "conversations of 10 turns with growing history: kv-growth-per-turn",
              (Phase(lambda: _fixed(loadgen.conversations(6, 10, max_tokens=48, user_tokens=80)), concurrency=3),),
-             expect="kv-growth-per-turn", n_ctx=3 * 4096, parallel=3),
+             expect="kv-growth-per-turn", n_ctx=3 * 4096, parallel=3, vllm=VLLM_MAIN),
     Scenario("concurrency", "single streams, then 8 concurrent decodes on 8 slots: decode slows with batch size",
              # long enough (~45 s on an idle 2-core machine) for the rules' 30 s hold time
              (Phase(lambda: _fixed(loadgen.short_prompts(20, max_tokens=64)), concurrency=1),
@@ -91,7 +103,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (Phase(lambda: _fixed(_mix(loadgen.long_prompts(20, tokens=250, max_tokens=32),
                                         loadgen.long_prompts(20, tokens=700, max_tokens=32, seed=3), every=1)),
                     concurrency=4),),
-             expect="kv-oom", n_ctx=2048, parallel=4),
+             expect="kv-oom", n_ctx=2048, parallel=4, vllm=VLLM_TINY_KV),
     Scenario("healthy-again", "the healthy scenario run a second time: compare must find no significant change",
              (Phase(lambda: _fixed(loadgen.short_prompts(40, max_tokens=24)), concurrency=2, arrival_rate_per_s=1.5),),
              expect=None, n_ctx=4096, parallel=2),
@@ -113,11 +125,48 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              expect="prefill-bound", n_ctx=2 * 4096, parallel=2),
     Scenario("prefix-cache-on", "a long shared system prompt, prompt caching on: the cache serves it",
              (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=True)), concurrency=1),),
-             expect=None, n_ctx=4096, parallel=1),
+             expect=None, n_ctx=4096, parallel=1, vllm=VLLM_MAIN),
     Scenario("prefix-cache-off", "the same requests with cache_prompt false: prefix-cache-ineffective",
              (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=False)), concurrency=1),),
-             expect="prefix-cache-ineffective", n_ctx=4096, parallel=1),
+             expect="prefix-cache-ineffective", n_ctx=4096, parallel=1, vllm={**VLLM_MAIN, "prefix_caching": False}),
 )}
+
+
+# scenarios written for vLLM's paged KV cache and scheduler (they run on llama.cpp too)
+SCENARIOS.update({s.name: s for s in (
+    Scenario("preemption", "long concurrent requests on a tiny paged KV cache: the scheduler preempts",
+             (Phase(lambda: _fixed(loadgen.long_prompts(12, tokens=160, max_tokens=256, seed=7)), concurrency=8),),
+             expect="kv-pressure-preemption", n_ctx=8 * 1024, parallel=8, vllm=VLLM_TINY_KV),
+    Scenario("saturation", "open-loop arrivals above what 4 slots serve: every request waits in the queue",
+             (Phase(lambda: _fixed(loadgen.short_prompts(110, max_tokens=48, seed=11)), concurrency=64,
+                    arrival_rate_per_s=4.0),),
+             expect="queueing-saturation", n_ctx=4 * 2048, parallel=4, vllm=VLLM_MAIN),
+)})
+
+
+def vllm_options(scenario: Scenario) -> dict:
+    """VllmServer keyword arguments for a scenario (its llama.cpp sizing, then its overrides)."""
+    return {"max_model_len": scenario.n_ctx // scenario.parallel, "max_num_seqs": scenario.parallel, **scenario.vllm}
+
+
+def make_server(scenario: Scenario, engine: str = "llamacpp", **over):
+    """The (unstarted) server a scenario runs on; a context manager."""
+    if engine == "vllm":
+        from .vllm_server import VllmServer
+
+        return VllmServer(**{**vllm_options(scenario), **over})
+    if engine != "llamacpp":
+        raise ValueError(f"engine must be 'llamacpp' or 'vllm', not {engine!r}")
+    return LlamaServer(list(scenario.server_args), n_ctx=scenario.n_ctx, parallel=scenario.parallel, **over)
+
+
+def engine_config(scenario: Scenario, engine: str) -> dict:
+    """What kvdoctor is told besides what it reads from the server (``attach --engine-config``):
+    vLLM publishes no --max-num-seqs, so the scenario says it."""
+    cfg = dict(scenario.engine_config)
+    if engine == "vllm":
+        cfg.setdefault("max_running_requests", vllm_options(scenario)["max_num_seqs"])
+    return cfg
 
 
 def _wait_port(port: int, timeout_s: float = 20.0) -> None:
@@ -135,12 +184,14 @@ class AttachedAgent:
     """kvdoctor attached to a server, running in a thread of its own (as a sidecar would)."""
 
     def __init__(self, server_url: str, capture: Path, server_pid: int | None, engine_config: dict | None = None,
-                 step_s: float = 5.0):
+                 step_s: float = 5.0, **attach):
+        """``attach``: more AttachConfig fields, e.g. ``otlp_grpc_receiver="127.0.0.1:4317"``."""
         self.proxy_port = free_port()
         cfg = AttachConfig(server_url=server_url, capture_dir=capture, listen=None, proxy=f"127.0.0.1:{self.proxy_port}",
                            rules=load_rules(), options=Options(lookback_s=300, step_s=step_s),
                            engine_config=dict(engine_config or {}),
-                           collectors=[ScrapeCollector(server_url, interval_s=1.0), HostCollector(pid=server_pid)])
+                           collectors=[ScrapeCollector(server_url, interval_s=1.0), HostCollector(pid=server_pid)],
+                           **attach)
         self.agent = Agent(cfg)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.agent.run(),), daemon=True)
@@ -159,13 +210,14 @@ class AttachedAgent:
         self.thread.join(60)
 
 
-def run(scenario: Scenario, out: Path, *, log=print) -> list[loadgen.ClientTiming]:
-    """Run one scenario; the capture lands in ``out`` with client-timings.jsonl beside it."""
+def run(scenario: Scenario, out: Path, *, log=print, engine: str = "llamacpp", server=None) -> list[loadgen.ClientTiming]:
+    """Run one scenario; the capture lands in ``out`` with client-timings.jsonl beside it. ``server``:
+    a running server started with the scenario's settings (tests share one across scenarios)."""
     if out.exists():
         shutil.rmtree(out)
     timings: list[loadgen.ClientTiming] = []
-    with LlamaServer(list(scenario.server_args), n_ctx=scenario.n_ctx, parallel=scenario.parallel) as srv:
-        with AttachedAgent(srv.url, out, srv.pid, scenario.engine_config) as att:
+    with contextlib.nullcontext(server) if server is not None else make_server(scenario, engine) as srv:
+        with AttachedAgent(srv.url, out, srv.pid, engine_config(scenario, engine)) as att:
             for i, phase in enumerate(scenario.phases):
                 t = time.monotonic()
                 got = asyncio.run(loadgen.run_load(att.proxy_url, phase.requests(), phase.concurrency,
@@ -218,14 +270,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", choices=sorted(SCENARIOS) + sorted(KV_QUANT) + ["all"])
     ap.add_argument("-o", "--out", type=Path, help="capture folder (default: samples/NAME)")
+    ap.add_argument("--engine", choices=["llamacpp", "vllm"], default="llamacpp", help="the real server to run on")
     args = ap.parse_args(argv)
     names = sorted(SCENARIOS) + sorted(KV_QUANT) if args.name == "all" else [args.name]
+    if args.engine == "vllm":
+        names = [n for n in names if n not in KV_QUANT]  # llama.cpp KV formats (-ctk/-ctv)
     for name in names:
-        out = args.out if args.out and len(names) == 1 else Path("samples") / name
+        prefix = "vllm-" if args.engine == "vllm" else ""
+        out = args.out if args.out and len(names) == 1 else Path("samples") / (prefix + name)
         if name in KV_QUANT:
             run_quality(name, out)
         else:
-            run(SCENARIOS[name], out)
+            run(SCENARIOS[name], out, engine=args.engine)
         print(f"wrote {out}", file=sys.stderr)
     return 0
 
