@@ -28,12 +28,14 @@ from ..errors import InputError
               help="Per GPU: activation peak plus non-torch memory (CUDA context, NCCL, CUDA graphs).")
 @click.option("--kv-mem", metavar="SIZE", help="KV cache memory per GPU as the engine logged it; "
               "replaces the GPU arithmetic.")
-@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Tokens per KV block (page); sequences are rounded up to whole blocks.")
+@click.option("--block-size", type=click.IntRange(min=1), default=None,
+              help="Tokens per KV block (page); sequences are rounded up to whole blocks. "
+                   "[default: the capture's (vLLM cache_config_info), else 16]")
 @click.option("--headroom", type=click.FloatRange(0.0, 0.95), default=0.2, show_default=True,
               help="Share of the cache kept free when computing the safe concurrency.")
 @click.option("--from-capture", "capture", metavar="CAPTURE",
-              help="Also size for the P95/P99 prompt+output length of this capture.")
+              help="Also size for the P95/P99 prompt+output length of this capture; its engine's KV bytes and "
+                   "block size (vLLM cache_config_info) stand in for --kv-mem and --block-size when not given.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--list-models", is_flag=True, help="List the built-in models and GPUs, then exit.")
 def command(model, max_len, concurrency, gpu_mem, tp, kv_dtype, mem_util, weights, params, reserve, kv_mem,
@@ -64,6 +66,10 @@ def command(model, max_len, concurrency, gpu_mem, tp, kv_dtype, mem_util, weight
     if params:
         spec = dataclasses.replace(spec, params=parse_count(params, "--params"), weight_bytes=None)
     dtype = km.kv_dtype(kv_dtype or ("fp16" if spec.weight_dtype == "fp16" else "bf16"))
+    lengths = capture_lengths(capture) if capture else None
+    if lengths and not kv_mem and not gpu_mem and lengths.get("kv_cache_bytes"):
+        kv_mem = str(lengths["kv_cache_bytes"])  # what the engine gave its KV cache
+    block_size = block_size or (lengths or {}).get("kv_block_size_tokens") or 16
     gpu = resolve_gpu(gpu_mem)
     budget = None
     if gpu or kv_mem:
@@ -79,7 +85,7 @@ def command(model, max_len, concurrency, gpu_mem, tp, kv_dtype, mem_util, weight
                              f"GPU minus the reserve); raise --tp, --mem-util or lower --reserve")
     inputs = PlanInputs(spec=spec, max_len_tokens=max_len, kv_dtype=dtype, budget=budget,
                         gpu_name=gpu[0] if gpu else None, block_size_tokens=block_size, concurrency=concurrency,
-                        headroom_frac=headroom, capture=capture_lengths(capture) if capture else None)
+                        headroom_frac=headroom, capture=lengths)
     result = plan(inputs)
     if fmt == "json":
         click.echo(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())

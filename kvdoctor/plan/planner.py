@@ -57,10 +57,13 @@ def capture_lengths(path: str) -> dict:
                          "with prompt_tokens (and output_tokens) to take P95/P99 lengths from")
     conf = cap.meta.config or {}
     maxc = next((conf[k] for k in ("max_num_seqs", "max_running_requests", "max_concurrency") if conf.get(k)), None)
+    # the engine's own KV figures where it published them (vLLM cache_config_info)
+    kv = {k: int(conf[k]) for k in ("kv_cache_bytes", "kv_block_size_tokens", "kv_capacity_tokens")
+          if isinstance(conf.get(k), (int, float)) and not isinstance(conf.get(k), bool) and conf[k] > 0}
     return {"path": str(path), "requests": int(len(total)),
             "p95_len_tokens": int(np.ceil(np.percentile(total, 95))),
             "p99_len_tokens": int(np.ceil(np.percentile(total, 99))),
-            "max_concurrency": int(maxc) if maxc else None}
+            "max_concurrency": int(maxc) if maxc else None, **kv}
 
 
 def _at(inp: PlanInputs, spec: km.ModelSpec, dtype: km.KvDtype, length: float) -> dict:
