@@ -347,3 +347,49 @@ def test_importer_mtime_order_and_props(tmp_path):
     assert [s.values["prompt_tokens_total"] for s in samples] == [7000, 6886]
     assert imp.meta.clock == "unix" and imp.meta.engine == "llamacpp"
     assert imp.meta.model == "m" and imp.meta.config["n_ctx"] == 8192 and imp.meta.config["total_slots"] == 4
+
+
+# -- vLLM 0.32, recorded from a running server (tests/test_vllm.py checks the live page the same way)
+
+VLLM_032 = {name: DATA / f"vllm-0.32-cpu-under-{name}.prom" for name in ("load", "preemption")}
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_032))
+def test_vllm_032_page_maps_completely(name):
+    from kvdoctor.engines.promtext import _key, parse_families
+    from kvdoctor.engines.vllm import IGNORED, TABLE
+
+    text = VLLM_032[name].read_text()
+    names = {_key(f.name) for f in parse_families(text) if f.name.startswith("vllm:") and not f.name.endswith("_created")}
+    known = {_key(w.wire) for w in TABLE.metrics} | {_key(i.wire) for i in TABLE.info} | {_key(n) for n in IGNORED}
+    assert not names - known, f"{sorted(names - known)} neither mapped nor in vllm.IGNORED"
+    assert not {_key(n) for n in IGNORED} - names, "IGNORED lists a name vLLM 0.32 does not have"
+
+
+def test_vllm_032_preemption_page_values_and_cache_config():
+    s, cfg, engine = prometheus_scrape(VLLM_032["preemption"])
+    assert engine == "vllm"
+    # mid-preemption: one request waits for capacity while three run on a 7/8-full cache
+    assert (s.values["requests_running"], s.values["requests_waiting"], s.values["requests_waiting_capacity"]) == (3, 1, 1)
+    assert s.values["kv_usage_frac"] == 0.875 and s.values["preemptions_total"] == 10
+    assert s.values["requests_rejected_total"] == 0 and s.values["read_bytes_total"] == 0  # MFU stats off
+    # cache_config_info: the capacity vLLM itself states, not blocks x block size recomputed
+    assert cfg["kv_capacity_tokens"] == int(cfg["raw"]["vllm:cache_config_info"]["kv_cache_size_tokens"])
+    assert cfg["kv_block_size_tokens"] == 128
+    assert cfg["prefix_caching"] is (cfg["raw"]["vllm:cache_config_info"]["enable_prefix_caching"] == "True")
+    assert cfg["kv_cache_bytes"] == int(cfg["raw"]["vllm:cache_config_info"]["kv_cache_memory_bytes"])
+    assert "prefill_seconds" in s.histograms and "queue_seconds" in s.histograms
+
+
+def prometheus_scrape(path):
+    from kvdoctor.engines import parse_scrape
+
+    return parse_scrape(path.read_text(), 0.0, "s1")
+
+
+def test_vllm_config_from_models():
+    from kvdoctor.engines.vllm import vllm_config_from_models
+
+    models = {"object": "list", "data": [{"id": "smollm2", "max_model_len": 2048}, {"id": "default", "max_model_len": 2048}]}
+    assert vllm_config_from_models(models) == {"context_len_tokens": 2048}
+    assert vllm_config_from_models({"data": [{"id": "x"}]}) == {} and vllm_config_from_models([]) == {}
