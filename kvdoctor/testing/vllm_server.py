@@ -66,7 +66,7 @@ def ensure_vllm(install: bool = True) -> Path:
     if not install:
         raise FileNotFoundError(f"no vLLM installed at {home() / 'venv'} (run scripts/get-vllm)")
     home().mkdir(parents=True, exist_ok=True)
-    with _file_lock(home().with_suffix(".lock")):
+    with _file_lock(cache_root() / f"vllm-{VLLM_VERSION}.lock"):
         if not (home() / "venv" / "INSTALLED").is_file():  # another process may have installed it meanwhile
             _install(home() / "venv")
     return py
@@ -133,7 +133,7 @@ def model_dir(install: bool = True) -> Path:
         raise FileNotFoundError(f"no converted model at {out} (run scripts/get-vllm)")
     python = ensure_vllm()
     gguf = model_path()
-    with _file_lock(home().with_suffix(".model.lock")):
+    with _file_lock(cache_root() / f"vllm-{VLLM_VERSION}.model.lock"):
         if not (out / "model.safetensors").is_file():
             tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=home()))
             try:

@@ -1,0 +1,55 @@
+"""The vLLM harness's command line and the scenario mapping, without starting vLLM
+(tests/test_vllm.py runs the real server)."""
+import sys
+
+import pytest
+
+from kvdoctor.testing import scenarios as S
+from kvdoctor.testing.vllm_server import KV_TOKENS_RE, VllmServer
+
+
+def server(tmp_path, **kw):
+    return VllmServer(python=sys.executable, model=tmp_path, **kw)
+
+
+def test_cmdline_and_env(tmp_path):
+    s = server(tmp_path, max_model_len=512, max_num_seqs=8, num_gpu_blocks_override=9, prefix_caching=False,
+               otlp_endpoint="http://127.0.0.1:4318/v1/traces", otlp_protocol="http/protobuf")
+    cmd = s.cmdline()
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    flags = " ".join(cmd)
+    for want in ("--max-model-len 512", "--max-num-seqs 8", "--num-gpu-blocks-override 9", "--no-enable-prefix-caching",
+                 f"--host 127.0.0.1 --port {s.port}", "--otlp-traces-endpoint http://127.0.0.1:4318/v1/traces",
+                 "--served-model-name smollm2 default", "--kv-cache-memory-bytes 256M"):
+        assert want in flags, want
+    env = s.env()
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf" and env["HF_HUB_OFFLINE"] == "1"
+    plain = server(tmp_path)
+    assert "--enable-prefix-caching" in plain.cmdline() and "--otlp-traces-endpoint" not in plain.cmdline()
+    assert "OTEL_BSP_SCHEDULE_DELAY" not in plain.env()
+
+
+def test_refuses_non_loopback_and_unknown_protocol(tmp_path):
+    with pytest.raises(ValueError, match="loopback"):
+        server(tmp_path, host="0.0.0.0")
+    with pytest.raises(ValueError, match="otlp_protocol"):
+        server(tmp_path, otlp_protocol="zipkin")
+
+
+def test_kv_capacity_line_of_the_start_up_log():
+    line = ("(EngineCore pid=16171) INFO 11-30 23:55:18 [kv_cache_utils.py:2327] CPU KV cache size: 11,648 tokens, "
+            "Maximum concurrency for 2,048 tokens per request: 5.69x")
+    assert KV_TOKENS_RE.findall(line) == ["11,648"]
+
+
+def test_scenarios_map_to_vllm_settings():
+    # a llama.cpp context shared by slots becomes a per-request length and a batch size
+    assert S.vllm_options(S.SCENARIOS["healthy"]) == {"max_model_len": 2048, "max_num_seqs": 2}
+    # scenarios that share a server in tests/test_vllm.py share its settings
+    main = {n for n, sc in S.SCENARIOS.items() if S.vllm_options(sc) == S.VLLM_MAIN}
+    assert {"prefix-cache-on", "saturation", "multi-turn"} <= main
+    assert S.vllm_options(S.SCENARIOS["preemption"]) == S.vllm_options(S.SCENARIOS["context-overflow"]) == S.VLLM_TINY_KV
+    assert S.engine_config(S.SCENARIOS["saturation"], "vllm")["max_running_requests"] == 4
+    assert "max_running_requests" not in S.engine_config(S.SCENARIOS["saturation"], "llamacpp")
+    with pytest.raises(ValueError, match="engine"):
+        S.make_server(S.SCENARIOS["healthy"], "sglang")
