@@ -53,3 +53,19 @@ def test_scenarios_map_to_vllm_settings():
     assert "max_running_requests" not in S.engine_config(S.SCENARIOS["saturation"], "llamacpp")
     with pytest.raises(ValueError, match="engine"):
         S.make_server(S.SCENARIOS["healthy"], "sglang")
+
+
+SAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "samples"
+
+
+@pytest.mark.parametrize("name", ["preemption", "prefix-cache-off", "prefix-cache-on", "saturation",
+                                  "context-overflow", "multi-turn"])
+def test_recorded_vllm_samples_name_their_cause(name):
+    """The captures recorded on real vLLM (samples/vllm-*) keep naming what they were recorded for."""
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+
+    diag = diagnose(kvdoctor.load(SAMPLES / f"vllm-{name}"))
+    tops = [inc.causes[0].rule.id for inc in diag.incidents]
+    expect = S.SCENARIOS[name].expect
+    assert (expect in tops) if expect else not tops, tops
