@@ -69,3 +69,13 @@ def test_recorded_vllm_samples_name_their_cause(name):
     tops = [inc.causes[0].rule.id for inc in diag.incidents]
     expect = S.SCENARIOS[name].expect
     assert (expect in tops) if expect else not tops, tops
+
+
+def test_traceparent_trace_id():
+    from kvdoctor.collect.proxy import traceparent_trace_id
+
+    tid = "0af7651916cd43dd8448eb211c80319c"
+    assert traceparent_trace_id(f"00-{tid}-b7ad6b7169203331-01") == tid
+    for bad in (None, "", "garbage", f"ff-{tid}-b7ad6b7169203331-01", f"00-{'0' * 32}-b7ad6b7169203331-01",
+                f"00-{tid.upper()}-b7ad6b7169203331-01", f"00-{tid}-b7ad6b71692033-01"):
+        assert traceparent_trace_id(bad) is None, bad
