@@ -152,15 +152,16 @@ def check_spans_match_client(cap, timings):
 
 # ------------------------------------------------------------------ main server
 
+@pytest.fixture(scope="class")  # one server per class, stopped when the class is done
+def main():
+    port = free_port()
+    with VllmServer(**S.VLLM_MAIN, otlp_endpoint=f"http://127.0.0.1:{port}", otlp_protocol="grpc") as srv:
+        srv.otlp_port = port
+        yield srv
+
+
 class TestMainServer:
     """Prefix caching on, at most 4 sequences, spans over gRPC (vLLM's default protocol)."""
-
-    @pytest.fixture(scope="class")
-    def main(self):
-        port = free_port()
-        with VllmServer(**S.VLLM_MAIN, otlp_endpoint=f"http://127.0.0.1:{port}", otlp_protocol="grpc") as srv:
-            srv.otlp_port = port
-            yield srv
 
     def test_spans_over_grpc_and_traceparent_join(self, main, tmp_path):
         out = tmp_path / "cap"
@@ -304,18 +305,19 @@ class TestMainServer:
 
 # ------------------------------------------------------------------ prefix caching off
 
+@pytest.fixture(scope="class")  # one server per class, stopped when the class is done
+def off():
+    port = free_port()
+    opts = S.vllm_options(S.SCENARIOS["prefix-cache-off"])
+    assert opts == {**S.VLLM_MAIN, "prefix_caching": False}
+    with VllmServer(**opts, otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
+                    otlp_protocol="http/protobuf") as srv:
+        srv.otlp_port = port
+        yield srv
+
+
 class TestPrefixCachingOff:
     """The same server without prefix caching; spans over OTLP/HTTP."""
-
-    @pytest.fixture(scope="class")
-    def off(self):
-        port = free_port()
-        opts = S.vllm_options(S.SCENARIOS["prefix-cache-off"])
-        assert opts == {**S.VLLM_MAIN, "prefix_caching": False}
-        with VllmServer(**opts, otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
-                        otlp_protocol="http/protobuf") as srv:
-            srv.otlp_port = port
-            yield srv
 
     def test_prefix_cache_off(self, off, runs):
         out, timings = run_scenario(runs, off, "prefix-cache-off")
@@ -354,14 +356,15 @@ def test_compare_off_then_on_says_fixed(runs, run_cli):
 
 # ------------------------------------------------------------------ a tiny KV cache
 
+@pytest.fixture(scope="class")  # one server per class, stopped when the class is done
+def tiny():
+    assert S.vllm_options(S.SCENARIOS["preemption"]) == S.vllm_options(S.SCENARIOS["context-overflow"])
+    with VllmServer(**S.vllm_options(S.SCENARIOS["preemption"])) as srv:
+        yield srv
+
+
 class TestTinyKvCache:
     """9 KV blocks of 128 tokens, sequences of at most 512 tokens, 8 at a time."""
-
-    @pytest.fixture(scope="class")
-    def tiny(self):
-        assert S.vllm_options(S.SCENARIOS["preemption"]) == S.vllm_options(S.SCENARIOS["context-overflow"])
-        with VllmServer(**S.vllm_options(S.SCENARIOS["preemption"])) as srv:
-            yield srv
 
     def test_preemption(self, tiny, runs):
         out, timings = run_scenario(runs, tiny, "preemption")
