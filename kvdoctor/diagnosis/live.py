@@ -9,6 +9,7 @@ from typing import Any
 
 from ..capture import Capture
 from ..signals import Prepared
+from .coverage import context_limit
 from .evaluate import Options, match_all, step_times
 from .rules import SEVERITY_RANK, Rule
 
@@ -77,7 +78,9 @@ class LiveDiagnoser:
 
     def step(self, cap: Capture, now_s: float) -> tuple[list[LiveIncident], list[LiveIncident]]:
         """Evaluate at ``now_s``; returns (opened, closed) incidents."""
-        return self.step_prepared(Prepared(cap, self.options.slo), now_s)
+        prep = Prepared(cap, self.options.slo)
+        context_limit(prep, self.options.max_model_len_tokens)  # the limit diagnose would use, same source order
+        return self.step_prepared(prep, now_s)
 
     def step_prepared(self, prep: Prepared, now_s: float) -> tuple[list[LiveIncident], list[LiveIncident]]:
         w = self.last_window = prep.window(now_s - self.options.lookback_s, now_s)
@@ -128,10 +131,12 @@ def replay(cap: Capture, rules: list[Rule], options: Options | None = None) -> l
     announced). Every incident, open or closed, in opening order."""
     options = options or Options()
     prep = Prepared(cap, options.slo)
+    context_limit(prep, options.max_model_len_tokens)
     times, step, lookback = step_times(prep.start_s, prep.end_s, options)
     if len(times) == 1:  # offline's single evaluation counts its hold over the whole window
         step = lookback
-    live = LiveDiagnoser(rules, Options(lookback_s=lookback, step_s=step, slo=options.slo), keep_closed=10**9)
+    live = LiveDiagnoser(rules, Options(lookback_s=lookback, step_s=step, slo=options.slo,
+                                       max_model_len_tokens=options.max_model_len_tokens), keep_closed=10**9)
     for t in times:
         live.step_prepared(prep, float(t))
     return live.incidents
