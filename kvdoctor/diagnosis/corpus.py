@@ -4,7 +4,9 @@ The corpus file (tests/labels.yaml, written by scripts/label-corpus from the raw
 lists captures (a capture folder, or a public file with the import that reads it) and, for
 each, its true causes by rule id. A rule is counted as reporting a cause when it is among the
 causes of any incident of the capture diagnosed with the whole rule set, as a user would see
-it. Label ids with no rule (a cause no rule covers yet) count only as misses.
+it. Label ids with no rule (a cause no rule covers yet) count only as misses. An import: spec
+carries what `kvdoctor import` would be told: format, src, columns, options, model, engine,
+gpu (decode's bandwidth bound is estimated from it) and attribution.
 """
 from __future__ import annotations
 
@@ -75,11 +77,26 @@ def read_corpus(path: Path) -> list[Case]:
             raise InputError(f"{where}: expected name:, causes: {{rule: figure}} and capture: or import:")
         if ("capture" in e) == ("import" in e):
             raise InputError(f"{where} ({e['name']}): give exactly one of capture: (a folder) or import: (a file and format)")
+        if "import" in e:
+            _check_gpu(e["import"], f"{where} ({e['name']})")
         cases.append(Case(e["name"], dict(e.get("causes") or {}),
                           capture=at(e["capture"]) if "capture" in e else None,
                           importing={**e["import"], "src": str(at(e["import"]["src"]))} if "import" in e else None,
                           max_model_len=e.get("max_model_len")))
     return cases
+
+
+def _check_gpu(spec: Any, where: str) -> None:
+    """import: gpu: names the GPU the public file's server ran on (as `kvdoctor import --gpu`):
+    decode's bandwidth bound is estimated from it, so it must be one the plan tables know."""
+    from ..plan.models import GPU_MEM_BW, gpu_bandwidth
+
+    gpu = spec.get("gpu") if isinstance(spec, dict) else None
+    if gpu is None:
+        return
+    if not isinstance(gpu, str) or gpu_bandwidth(gpu) is None:
+        raise InputError(f"{where}: import: gpu: {gpu!r} is not a GPU with a known memory bandwidth; "
+                         f"expected one of {', '.join(GPU_MEM_BW)}")
 
 
 def _import(spec: dict[str, Any], out: Path) -> Path:
@@ -94,6 +111,7 @@ def _import(spec: dict[str, Any], out: Path) -> Path:
     imported = module.read([Path(spec["src"])], options)
     meta = dataclasses.replace(imported.meta, model=spec.get("model") or imported.meta.model,
                                engine=spec.get("engine") or imported.meta.engine,
+                               gpu=spec.get("gpu") or imported.meta.gpu,
                                attribution=spec.get("attribution") or imported.meta.attribution)
     write_capture(dataclasses.replace(imported, meta=meta), out)
     return out
