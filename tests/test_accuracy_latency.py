@@ -118,12 +118,25 @@ def test_bandwidth_bound_estimate_for_llama8b_on_a100(tmp_path):
 
 
 def test_bandwidth_without_gpu_is_a_hypothesis(tmp_path):
-    """The same 1.3 QPS run without the GPU named: the rule may fire only as a low-confidence
-    hypothesis that says bandwidth was neither measured nor estimated."""
-    c = _causes(diagnose(_import(tmp_path, "1.3", gpu=None))).get("decode-bandwidth-bound")
+    """The 1.3 QPS run judged by the bandwidth rule alone (decode-stall-tail, which it yields
+    to here, left out): without the GPU named it may fire only as a low-confidence hypothesis
+    that says bandwidth was neither measured nor estimated; with the GPU, as an estimate."""
+    from kvdoctor.diagnosis import load_rules
+
+    alone = [r for r in load_rules() if r.id != "decode-stall-tail"]
+    c = _causes(diagnose(_import(tmp_path, "1.3", gpu=None), alone)).get("decode-bandwidth-bound")
     assert c is not None and c.confidence <= 0.4 and "neither measured" in c.cause
-    with_gpu = _causes(diagnose(_import(tmp_path, "1.3")))["decode-bandwidth-bound"]
+    with_gpu = _causes(diagnose(_import(tmp_path, "1.3"), alone))["decode-bandwidth-bound"]
     assert "estimated" in with_gpu.cause and with_gpu.confidence > c.confidence
+
+
+def test_prefill_stalls_are_not_bandwidth(tmp_path):
+    """1.3 QPS with every rule: TPOT rises with concurrency because 21k-token prefills stall the
+    decode steps (decodes no prefill overlapped run at the unloaded 12.7 ms, tests/labels.yaml):
+    decode-stall-tail names it and decode-bandwidth-bound yields, GPU named or not."""
+    for gpu in ("A100-80GB", None):
+        causes = _causes(diagnose(_import(tmp_path / str(gpu), "1.3", gpu=gpu)))
+        assert "decode-stall-tail" in causes and "decode-bandwidth-bound" not in causes, (gpu, sorted(causes))
 
 
 def test_cpu_server_names_the_cpu():
