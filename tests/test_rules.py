@@ -399,6 +399,9 @@ def test_rules_test_table_scores_rules_against_labels(run_cli, tmp_path):
     assert rules["no-such-rule"]["has_rule"] is False and rules["no-such-rule"]["recall"] == 0
     table = run_cli("rules", "test", "--format", "table", "--corpus", corpus).stdout
     assert "`no-such-rule` (no rule)" in table and "| precision | recall |" in table
+    assert run_cli("rules", "test", "--corpus", corpus).stdout == table  # a corpus alone is scored as a table
+    r = run_cli("rules", "test", "--format", "cases", "--corpus", corpus)
+    assert r.returncode == 2 and "--corpus" in r.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("corpus: [{name: x, causes: {}}]\n")
     r = run_cli("rules", "test", "--format", "table", "--corpus", bad)

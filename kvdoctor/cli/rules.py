@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import orjson
 
-from ..errors import KvdoctorError
+from ..errors import InputError, KvdoctorError
 
 _rules_option = click.option("--rules", "rules_dirs", multiple=True, type=click.Path(),
                              help="Extra folder of rule files (repeatable).")
@@ -64,17 +64,21 @@ def show(rule_id, rules_dirs):
 @_rules_option
 @click.option("--rule", "only", multiple=True, help="Test only this rule id (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="Show every case, not only failures.")
-@click.option("--format", "fmt", type=click.Choice(["cases", "table", "json"]), default="cases", show_default=True,
-              help="cases: each rule's must-fire/must-not-fire captures (exit 1 on a failure); table/json: "
-                   "precision and recall per rule over the labelled corpus.")
+@click.option("--format", "fmt", type=click.Choice(["cases", "table", "json"]), default=None,
+              help="cases (default): each rule's must-fire/must-not-fire captures (exit 1 on a failure); "
+                   "table/json: precision and recall per rule over the labelled corpus (table when --corpus is given).")
 @click.option("--corpus", type=click.Path(dir_okay=False), default=None,
               help="Labelled corpus for table/json (default: the repository's tests/labels.yaml).")
 def test(rules_dirs, only, verbose, fmt, corpus):
     """Run every rule's must-fire and must-not-fire captures; exit 1 if any case fails.
     With --format table|json: how often each rule is right over a labelled corpus of real
     captures and public data (labels from the raw numbers: scripts/label-corpus)."""
+    if fmt is None:
+        fmt = "table" if corpus else "cases"  # a corpus given means the user wants it scored
     if fmt != "cases":
         return _corpus(_load(rules_dirs), fmt, corpus)
+    if corpus:
+        raise InputError("--corpus is scored with --format table or json; --format cases runs the rules' own captures")
     from ..diagnosis.selftest import run
 
     results = run(_load(rules_dirs), set(only) or None)
