@@ -23,6 +23,11 @@ MIN_WINDOW = 20
 BIMODAL_GAP = 4.0
 #: a cluster needs this share of the window's requests (and 2 requests) to count
 BIMODAL_MIN_FRAC = 0.03
+#: with a measured prefill speed, a TTFT under this share of its own prompt's prefill cost is a
+#: hit: a miss cannot prefill faster than the unloaded server (the baseline's slower half sets
+#: the speed, so misses land near 1x), while a hit that waited behind another prefill fills the
+#: log-time gap the split above looks for
+HIT_BELOW_PREFILL = 0.5
 
 
 def _arrivals_known(prep) -> bool:
@@ -176,8 +181,10 @@ def ttft_late_over_early(w):
 
 
 def _modes(w) -> dict[str, float] | None:
-    """Split the window's TTFTs at their widest gap (in log time) when both sides hold enough
-    requests and the gap spans BIMODAL_GAP; None when TTFT has one mode."""
+    """Split the window's TTFTs into a fast and a slow cluster, both holding enough requests:
+    by each request's own prefill cost when the low-load prefill speed is measured (hits under
+    HIT_BELOW_PREFILL of it), else at the widest gap in log time when it spans BIMODAL_GAP;
+    None when TTFT has one mode."""
     key = "ttft_modes"
     if key in w._cache:
         return w._cache[key]
@@ -186,20 +193,29 @@ def _modes(w) -> dict[str, float] | None:
     m = np.isfinite(ttft) & (ttft > 0)
     n = int(m.sum())
     if n >= MIN_WINDOW:
-        order = np.argsort(ttft[m])
-        lt = np.log(ttft[m][order])
+        t, p, c = ttft[m], prompt[m], conc[m]
+        exp = _expected_ttft(w)[m]
         k = max(2, int(np.ceil(BIMODAL_MIN_FRAC * n)))
-        gaps = np.diff(lt)[k - 1:n - k]  # split after index i: i+1 fast, n-i-1 slow
-        if len(gaps) and np.exp(gaps.max()) >= BIMODAL_GAP:
-            cut = k - 1 + int(np.argmax(gaps))
-            fast, slow = order[:cut + 1], order[cut + 1:]
-            t, p, c = ttft[m], prompt[m], conc[m]
-            exp = _expected_ttft(w)[m]
+        fast = slow = None
+        hit = t <= HIT_BELOW_PREFILL * exp  # False where the prefill speed is unknown
+        if np.isfinite(exp).sum() >= n / 2 and k <= hit.sum() <= n - k:
+            fast, slow = np.flatnonzero(hit), np.flatnonzero(~hit)
+        else:  # no measured prefill speed (or no hits by it): the widest gap in log TTFT
+            order = np.argsort(t)
+            gaps = np.diff(np.log(t[order]))[k - 1:n - k]  # split after index i: i+1 fast, n-i-1 slow
+            if len(gaps) and np.exp(gaps.max()) >= BIMODAL_GAP:
+                cut = k - 1 + int(np.argmax(gaps))
+                fast, slow = order[:cut + 1], order[cut + 1:]
+        if fast is not None:
             out = {"fast_frac": len(fast) / n, "fast_s": float(np.median(t[fast])), "slow_s": float(np.median(t[slow])),
                    "prompt_ratio": ratio(percentile(p[slow], 50), percentile(p[fast], 50)),
                    "slow_over_prefill": ratio(float(np.median(t[slow])), percentile(exp[slow], 50)),
                    "fast_over_prefill": ratio(float(np.median(t[fast])), percentile(exp[fast], 50)),
                    "conc_slow": percentile(c[slow], 50), "conc_fast": percentile(c[fast], 50)}
+            # where the engine reports cached prompt tokens per request, the split must be the cache's
+            share = w.r("cached_prompt_tokens")[m] / np.where(p > 0, p, np.nan)
+            if np.isfinite(share).sum() >= n / 2:
+                out["cached_fast"], out["cached_slow"] = percentile(share[fast], 50), percentile(share[slow], 50)
     w._cache[key] = out
     return out
 
@@ -209,8 +225,9 @@ def ttft_cache_bimodal(w):
     """1 when TTFT falls in two clusters that prefix-cache hits and misses explain: prompts
     of the same length in both, the fast cluster far below its prefill cost (a hit skips
     prefill), the slow one at its own prefill cost (a miss pays it, nothing more), and the
-    slow requests no busier at arrival (they did not wait). 0 when TTFT has one mode or
-    the clusters differ otherwise (different prompt lengths, waiting)."""
+    slow requests no busier at arrival (they did not wait); where the engine reports cached
+    prompt tokens, the fast side mostly cached and the slow side not. 0 when TTFT has one mode
+    or the clusters differ otherwise (different prompt lengths, waiting, both sides cached)."""
     md = _modes(w)
     if md is None:
         return 0.0 if w.n_requests >= MIN_WINDOW else np.nan
@@ -219,6 +236,8 @@ def ttft_cache_bimodal(w):
         costs = md["slow_over_prefill"] <= 2.0 and md["fast_over_prefill"] <= 0.25
     else:  # no low-load prefill speed: the slow ones must not have met a busier server
         costs = np.isfinite(md["conc_slow"]) and md["conc_slow"] <= md["conc_fast"] + 1
+    if "cached_fast" in md:  # a hit skips most of its prefill (the fast side is under half its cost); a miss does not
+        costs = costs and md["cached_fast"] >= 0.5 > md["cached_slow"]
     return float(bool(same_prompts and costs))
 
 
