@@ -347,11 +347,12 @@ def test_compare_off_then_on_says_fixed(runs, run_cli):
     verdict = {s["name"]: s["verdict"] for s in c["signals"]}
     assert verdict["ttft_p50_s"] == "better", c["headline"]
     # prefix caching changes prefill only; the two runs use different servers minutes apart on a
-    # shared 2-core machine, so decode speed (TPOT/ITL) may differ by the machine's load alone:
-    # "Fixed" unless such a decode-only difference makes it a trade-off
-    worse = {n for n, v in verdict.items() if v == "worse"}
-    assert c["verdict"] == "fixed" or (c["verdict"] == "trade-off" and worse and
-                                       all(n.startswith(("tpot_", "itl_")) for n in worse)), c["headline"]
+    # shared 2-core machine, so decode speed may drift a few percent between them. Tested one
+    # by one at 95% such a drift read "worse" (ITL P50 +5.0% [CI +0.2%, +8.2%] on the recorded
+    # samples); Holm's correction over the ~15 signals keeps it from turning the fix into a trade-off
+    assert c["verdict"] == "fixed", c["headline"]
+    assert c["headline"].startswith("Fixed: prefix-cache-ineffective resolved"), c["headline"]
+    assert c["method"]["family_correction"] == "holm"
 
 
 # ------------------------------------------------------------------ a tiny KV cache
