@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -54,11 +55,35 @@ def runs(tmp_path_factory):
     return {"_dir": tmp_path_factory.mktemp("vllm")}
 
 
-def run_scenario(runs, server, name):
+def run_scenario(runs, server, name, on_attach=None):
     if name not in runs:
         out = runs["_dir"] / name
-        runs[name] = (out, S.run(S.SCENARIOS[name], out, engine="vllm", server=server))
+        runs[name] = (out, S.run(S.SCENARIOS[name], out, engine="vllm", server=server, on_attach=on_attach))
     return runs[name]
+
+
+class GaugeWatch:
+    """Reads the live sidecar's own kvdoctor_* gauges every 0.2 s while a scenario runs (what a
+    Prometheus scraping the sidecar would see), from a thread of its own."""
+
+    def __init__(self, *names: str):
+        self.names, self.rows, self.agent = names, [], None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __call__(self, agent) -> None:  # the on_attach hook of scenarios.run
+        self.agent = agent
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(0.2):
+            reg = self.agent.metrics.registry
+            self.rows.append((time.time(), *(reg.get_sample_value(n) for n in self.names)))
+
+    def done(self) -> np.ndarray:
+        self.stop.set()
+        self.thread.join(5)
+        return np.array(self.rows, dtype=float).reshape(-1, 1 + len(self.names))
 
 
 def check_named(out, timings, name):
@@ -368,13 +393,30 @@ class TestTinyKvCache:
     """9 KV blocks of 128 tokens, sequences of at most 512 tokens, 8 at a time."""
 
     def test_preemption(self, tiny, runs):
-        out, timings = run_scenario(runs, tiny, "preemption")
+        watch = GaugeWatch("kvdoctor_kv_full_forecast_seconds", "kvdoctor_kv_usage_ratio")
+        out, timings = run_scenario(runs, tiny, "preemption", on_attach=watch)
+        seen = watch.done()
         diag = check_named(out, timings, "preemption")
         ev = evidence(cause(diag, "kv-pressure-preemption"))
         assert ev["preemptions_per_min"] > 0 and ev["kv_usage_max_frac"] >= 0.9, ev
         # the gauge that moves at once (the counter waits for a preempted request to resume)
-        waiting = kvdoctor.load(out).engine.get("requests_waiting_capacity")
+        cap = kvdoctor.load(out)
+        waiting = cap.engine.get("requests_waiting_capacity")
         assert waiting is not None and np.nanmax(waiting) >= 1
+        # the live "KV full in N min" forecast, as the sidecar exported it during the run: "full
+        # now" (0 s) while requests waited for blocks, though block-granular usage stayed below
+        # 100% most of that time (usage alone saw no growth to forecast)
+        t_w, forecast_s, usage = seen.T
+        assert len(seen) >= 50, seen
+        full = forecast_s == 0
+        assert full.any(), f"the forecast never said full: {np.unique(forecast_s[np.isfinite(forecast_s)])}"
+        # each "full" reading came while the engine held requests back, by its own gauge
+        t_e = cap.engine.time_s
+        for ts in t_w[full]:
+            recent = (t_e <= ts) & (t_e >= ts - 6)  # the live step (5 s) and one scrape (1 s)
+            assert np.nanmax(waiting[recent], initial=0) >= 1, ts
+        # and at least once while the usage gauge read below 100% (the case usage alone missed)
+        assert np.nanmin(usage[full]) < 1, np.unique(usage[full])
         _, config, _ = parse_scrape(tiny.get("/metrics")[1], time.time())
         assert config["kv_capacity_tokens"] == tiny.kv_capacity_tokens_logged() == 9 * config["kv_block_size_tokens"]
 

@@ -277,9 +277,9 @@ class Agent:
                     v = w.value(name)
                     if v == v:
                         self.metrics[metric].labels(quantile=f"0.{q}").set(v)
-        forecast = w.value("kv_full_forecast_min")
-        if forecast == forecast:
-            self.metrics["kvdoctor_kv_full_forecast_seconds"].set(forecast * 60)
+        # NaN (not growing, or no KV gauge) replaces the last forecast: a stale "full in 2 min"
+        # would outlive the pressure that made it
+        self.metrics["kvdoctor_kv_full_forecast_seconds"].set(w.value("kv_full_forecast_min") * 60)
         if self.otel:
             self.otel.percentiles({m: w.value(m) for m in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")})
 
