@@ -152,8 +152,8 @@ def wait_for_records(att, want_ids, timeout_s=60.0):
 def check_spans_match_client(cap, timings):
     """vLLM's span of each request (id chatcmpl-<X-Request-Id>) against the client's own timings."""
     recs = {rid: i for i, rid in enumerate(cap.requests.strings("request_id"))}
-    num = {k: cap.requests.num(k) for k in ("arrival_s", "ttft_s", "e2e_s", "queue_s", "tpot_s",
-                                            "prompt_tokens", "output_tokens")}
+    num = {k: cap.requests.num(k) for k in ("arrival_s", "ttft_s", "e2e_s", "queue_s", "tpot_s", "prefill_s",
+                                            "decode_s", "prompt_tokens", "output_tokens")}
     eps = 0.005  # one clock, two processes: timestamps are taken a few instructions apart
     for t in timings:
         assert t.status == "ok", t.error
@@ -165,8 +165,13 @@ def check_spans_match_client(cap, timings):
         # vLLM's first token happens before the client reads it. Decode is timed in vLLM's engine
         # core, e2e and TTFT in its API server (clocks read tens of ms apart on a busy machine), and
         # chunks may reach the client bunched, so decode is only bounded by the whole request
-        decode = num["tpot_s"][i] * (num["output_tokens"][i] - 1)
+        prefill, decode = num["prefill_s"][i], num["decode_s"][i]
+        assert decode == pytest.approx(num["tpot_s"][i] * (num["output_tokens"][i] - 1))
         assert 0 < decode < e2e
+        # the engine's queue and prefill (queued -> scheduled -> first token) lie within the API
+        # server's TTFT and so within the client's; the whole engine split within the client's E2E
+        assert 0 < prefill and queue + prefill <= ttft + eps <= t.ttft_s + 2 * eps, (queue, prefill, ttft, t.ttft_s)
+        assert queue + prefill + decode <= t.finish_s - t.send_s + eps
         assert arrival + ttft <= t.first_token_s + eps, (arrival + ttft, t.first_token_s)
         assert (num["prompt_tokens"][i], num["output_tokens"][i]) == (t.prompt_tokens, t.output_tokens)
     # and the server's TTFT moves with the client's across requests (pairing, not two distributions)
