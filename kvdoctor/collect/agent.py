@@ -94,6 +94,8 @@ class Agent:
             CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes, drop_on_error=True),
             on_drop=lambda kind, n: self.metrics["kvdoctor_capture_dropped_total"].labels(kind=kind).inc(n))
         self.metrics = Metrics()
+        # a gauge starts at 0, which for this one reads "KV full now": unknown until the first step
+        self.metrics["kvdoctor_kv_full_forecast_seconds"].set(float("nan"))
         self._set_info(None)
         self.live = LiveDiagnoser(cfg.rules, cfg.options)
         self._recent: dict[str, collections.deque] = {k: collections.deque() for k in ("requests", "gpu", "host", "engine", "events")}
