@@ -25,7 +25,7 @@ METRICS: tuple[Exported, ...] = (
     Exported("kvdoctor_incident_active", "gauge", ("rule", "symptom", "severity"), "1 while an incident with this top cause is open"),
     Exported("kvdoctor_incidents_opened_total", "counter", ("rule",), "incidents opened, by top-cause rule"),
     Exported("kvdoctor_kv_usage_ratio", "gauge", (), "KV cache usage the engine reports (0..1)"),
-    Exported("kvdoctor_kv_full_forecast_seconds", "gauge", (), "time until the KV cache is full at the current growth rate (absent when not growing)"),
+    Exported("kvdoctor_kv_full_forecast_seconds", "gauge", (), "time until the KV cache is full at the current growth rate (0: full now, requests wait for KV; NaN when not growing)"),
     Exported("kvdoctor_gpu_memory_used_bytes", "gauge", ("gpu",), "GPU memory in use"),
     Exported("kvdoctor_gpu_memory_total_bytes", "gauge", ("gpu",), "GPU memory in all"),
     Exported("kvdoctor_gpu_memory_bandwidth_ratio", "gauge", ("gpu",), "DRAM bandwidth utilisation (GPM) or memory utilisation (0..1)"),

@@ -32,6 +32,11 @@ class RequestRecord:
     itl_max_s: float | None = None
     e2e_s: float | None = None
     queue_s: float | None = None
+    #: the engine's own split of the request (vLLM llm_request span): time in prefill (scheduled
+    #: to first token) and in decode (first token to the last); queue_s + prefill_s is its TTFT
+    #: less the API server's own time, prefill_s + decode_s its time in the model
+    prefill_s: float | None = None
+    decode_s: float | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     cached_prompt_tokens: int | None = None

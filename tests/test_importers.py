@@ -365,6 +365,26 @@ def test_otlp_json_vllm_spans(tmp_path, collector_style):
             assert r["status"] == "ok" and r["ttft_s"] == pytest.approx(ttft)
         if completion > 1:
             assert r["tpot_s"] == pytest.approx(decode / (completion - 1))
+        assert r["prefill_s"] == (None if prefill is None else pytest.approx(prefill))
+        assert r["decode_s"] == (None if decode is None else pytest.approx(decode))
+
+
+@pytest.mark.parametrize("name", ["vllm-0.32-llm_request-span.json", "vllm-0.32-llm_request-span-with-traceparent.json"])
+def test_real_vllm_span_gives_queue_prefill_and_decode(tmp_path, name):
+    """Spans a real vLLM 0.32 exported: the capture keeps its own split of each request, as the
+    span's attributes say, through the writer and the reader."""
+    f = Path(__file__).parent / "data" / "otlp" / name
+    span = json.loads(f.read_text())["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    attrs = {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+    (r,) = by_id(do_import(tmp_path, "otlp-json", f)).values()
+    assert r["queue_s"] == pytest.approx(attrs["gen_ai.latency.time_in_queue"])
+    assert r["prefill_s"] == pytest.approx(attrs["gen_ai.latency.time_in_model_prefill"])
+    assert r["decode_s"] == pytest.approx(attrs["gen_ai.latency.time_in_model_decode"])
+    # vLLM's engine clock: scheduled..first token lies within arrival..first token seen by the
+    # API server, and prefill + decode is its time in the model, within the request's E2E
+    assert r["queue_s"] + r["prefill_s"] <= r["ttft_s"]
+    assert r["prefill_s"] + r["decode_s"] == pytest.approx(attrs["gen_ai.latency.time_in_model_inference"], abs=1e-6)
+    assert r["queue_s"] + r["prefill_s"] + r["decode_s"] <= r["e2e_s"]
 
 
 def test_request_from_span_attributes():

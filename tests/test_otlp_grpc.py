@@ -66,6 +66,8 @@ def test_real_vllm_span_becomes_a_request(receiver):
     n_out = int(attrs["gen_ai.usage.completion_tokens"])
     assert rec.output_tokens == n_out and rec.prompt_tokens == int(attrs["gen_ai.usage.prompt_tokens"])
     assert rec.tpot_s == pytest.approx(attrs["gen_ai.latency.time_in_model_decode"] / (n_out - 1))
+    assert rec.prefill_s == pytest.approx(attrs["gen_ai.latency.time_in_model_prefill"])
+    assert rec.decode_s == pytest.approx(attrs["gen_ai.latency.time_in_model_decode"])
     assert receiver.service.stats == {"requests": 1, "spans": 1, "records": 1, "rejected": 0}
     assert receiver.sink.status["otlp-grpc"][0] is True
 

@@ -294,6 +294,57 @@ def test_forecast_uses_recent_window_only():
     assert forecast_kv_full(t, u, window_s=600) == pytest.approx((1 - 0.4) / 0.03, rel=0.01)
 
 
+def test_forecast_full_now_when_requests_wait_for_blocks():
+    t = np.arange(0, 60, 1.0)
+    u = np.full(len(t), 0.875)  # flat below 100%: usage alone says "not growing"
+    assert forecast_kv_full(t, u) is None
+    waiting = np.full(len(t), 5.0)
+    # one more sequence needs 4 of 9 blocks (0.44); 0.125 free: nobody can be admitted
+    assert forecast_kv_full(t, u, waiting=waiting, admit_frac=4 / 9) == 0.0
+    # the same usage with room for one more sequence, or nobody waiting: not full
+    assert forecast_kv_full(t, u, waiting=waiting, admit_frac=0.1) is None
+    assert forecast_kv_full(t, u, waiting=np.where(t < 59, 5.0, 0.0), admit_frac=4 / 9) is None
+    # unknown need (NaN): usage alone decides
+    assert forecast_kv_full(t, u, waiting=waiting, admit_frac=float("nan")) is None
+    with pytest.raises(ValueError, match="waiting"):
+        forecast_kv_full(t, u, waiting=waiting[:3], admit_frac=0.4)
+
+
+def test_forecast_on_the_real_vllm_preemption_run():
+    """vLLM 0.32, 9 blocks of 128 tokens, 8 sequences of 188 + 256 tokens: the sidecar's windows
+    (every 5 s, 300 s back). While requests wait for capacity the cache is full for admission,
+    though block-granular usage sways between 75% and 100%; the preemption counter only moves
+    when a preempted request resumes. Usage alone gave a forecast in 1 window of 11."""
+    from kvdoctor import load
+    from kvdoctor.signals import Prepared
+
+    cap = load(Path(__file__).parent.parent / "samples" / "vllm-preemption")
+    prep = Prepared(cap)
+    t = prep.engine_t
+    waiting, usage = cap.engine.get("requests_waiting_capacity"), cap.engine.get("kv_usage_frac")
+    full_now = usage_only = steps_waiting = 0
+    for now in np.arange(prep.start_s + 5, prep.end_s + 5, 5.0):
+        w = prep.window(now - 300, now)
+        last = np.flatnonzero(t <= now)[-1]
+        minutes = w.value("kv_full_forecast_min")
+        if waiting[last] > 0:
+            steps_waiting += 1
+            assert minutes == 0, (now - prep.start_s, usage[last], waiting[last])
+            full_now += 1
+            usage_only += forecast_kv_full(t[: last + 1], usage[: last + 1], window_s=300) is not None
+        elif usage[last] == 0:
+            assert np.isnan(minutes)  # drained: nothing to forecast
+    assert steps_waiting >= 8 and full_now == steps_waiting
+    assert usage_only <= steps_waiting // 2  # what the fix changed: usage alone rarely read "full"
+    # the warning composed from it, the first time requests wait with usage below 100%
+    last = np.flatnonzero((waiting > 0) & (usage < 1))[0]
+    tokens = cap.requests.num("prompt_tokens") + cap.requests.num("output_tokens")
+    admit = np.ceil(np.median(tokens) / 128) * 128 / cap.meta.config["kv_capacity_tokens"]
+    ws = kv_warnings(t[: last + 1], usage[: last + 1], waiting=waiting[: last + 1], admit_frac=admit)
+    assert [x["message"] for x in ws] == ["KV cache full now"], (usage[last], admit)
+    print(f"usage alone forecast {usage_only} of {steps_waiting} windows with requests waiting")
+
+
 def test_unsafe_concurrency_numbers():
     check = unsafe_concurrency(64, 8000, 400_000)
     assert check and check.unsafe and check.needed_tokens == 512_000 and check.usable_tokens == 320_000

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -54,11 +55,35 @@ def runs(tmp_path_factory):
     return {"_dir": tmp_path_factory.mktemp("vllm")}
 
 
-def run_scenario(runs, server, name):
+def run_scenario(runs, server, name, on_attach=None):
     if name not in runs:
         out = runs["_dir"] / name
-        runs[name] = (out, S.run(S.SCENARIOS[name], out, engine="vllm", server=server))
+        runs[name] = (out, S.run(S.SCENARIOS[name], out, engine="vllm", server=server, on_attach=on_attach))
     return runs[name]
+
+
+class GaugeWatch:
+    """Reads the live sidecar's own kvdoctor_* gauges every 0.2 s while a scenario runs (what a
+    Prometheus scraping the sidecar would see), from a thread of its own."""
+
+    def __init__(self, *names: str):
+        self.names, self.rows, self.agent = names, [], None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __call__(self, agent) -> None:  # the on_attach hook of scenarios.run
+        self.agent = agent
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(0.2):
+            reg = self.agent.metrics.registry
+            self.rows.append((time.time(), *(reg.get_sample_value(n) for n in self.names)))
+
+    def done(self) -> np.ndarray:
+        self.stop.set()
+        self.thread.join(5)
+        return np.array(self.rows, dtype=float).reshape(-1, 1 + len(self.names))
 
 
 def check_named(out, timings, name):
@@ -127,8 +152,8 @@ def wait_for_records(att, want_ids, timeout_s=60.0):
 def check_spans_match_client(cap, timings):
     """vLLM's span of each request (id chatcmpl-<X-Request-Id>) against the client's own timings."""
     recs = {rid: i for i, rid in enumerate(cap.requests.strings("request_id"))}
-    num = {k: cap.requests.num(k) for k in ("arrival_s", "ttft_s", "e2e_s", "queue_s", "tpot_s",
-                                            "prompt_tokens", "output_tokens")}
+    num = {k: cap.requests.num(k) for k in ("arrival_s", "ttft_s", "e2e_s", "queue_s", "tpot_s", "prefill_s",
+                                            "decode_s", "prompt_tokens", "output_tokens")}
     eps = 0.005  # one clock, two processes: timestamps are taken a few instructions apart
     for t in timings:
         assert t.status == "ok", t.error
@@ -140,8 +165,13 @@ def check_spans_match_client(cap, timings):
         # vLLM's first token happens before the client reads it. Decode is timed in vLLM's engine
         # core, e2e and TTFT in its API server (clocks read tens of ms apart on a busy machine), and
         # chunks may reach the client bunched, so decode is only bounded by the whole request
-        decode = num["tpot_s"][i] * (num["output_tokens"][i] - 1)
+        prefill, decode = num["prefill_s"][i], num["decode_s"][i]
+        assert decode == pytest.approx(num["tpot_s"][i] * (num["output_tokens"][i] - 1))
         assert 0 < decode < e2e
+        # the engine's queue and prefill (queued -> scheduled -> first token) lie within the API
+        # server's TTFT and so within the client's; the whole engine split within the client's E2E
+        assert 0 < prefill and queue + prefill <= ttft + eps <= t.ttft_s + 2 * eps, (queue, prefill, ttft, t.ttft_s)
+        assert queue + prefill + decode <= t.finish_s - t.send_s + eps
         assert arrival + ttft <= t.first_token_s + eps, (arrival + ttft, t.first_token_s)
         assert (num["prompt_tokens"][i], num["output_tokens"][i]) == (t.prompt_tokens, t.output_tokens)
     # and the server's TTFT moves with the client's across requests (pairing, not two distributions)
@@ -347,11 +377,12 @@ def test_compare_off_then_on_says_fixed(runs, run_cli):
     verdict = {s["name"]: s["verdict"] for s in c["signals"]}
     assert verdict["ttft_p50_s"] == "better", c["headline"]
     # prefix caching changes prefill only; the two runs use different servers minutes apart on a
-    # shared 2-core machine, so decode speed (TPOT/ITL) may differ by the machine's load alone:
-    # "Fixed" unless such a decode-only difference makes it a trade-off
-    worse = {n for n, v in verdict.items() if v == "worse"}
-    assert c["verdict"] == "fixed" or (c["verdict"] == "trade-off" and worse and
-                                       all(n.startswith(("tpot_", "itl_")) for n in worse)), c["headline"]
+    # shared 2-core machine, so decode speed may drift a few percent between them. Tested one
+    # by one at 95% such a drift read "worse" (ITL P50 +5.0% [CI +0.2%, +8.2%] on the recorded
+    # samples); Holm's correction over the ~15 signals keeps it from turning the fix into a trade-off
+    assert c["verdict"] == "fixed", c["headline"]
+    assert c["headline"].startswith("Fixed: prefix-cache-ineffective resolved"), c["headline"]
+    assert c["method"]["family_correction"] == "holm"
 
 
 # ------------------------------------------------------------------ a tiny KV cache
@@ -367,13 +398,34 @@ class TestTinyKvCache:
     """9 KV blocks of 128 tokens, sequences of at most 512 tokens, 8 at a time."""
 
     def test_preemption(self, tiny, runs):
-        out, timings = run_scenario(runs, tiny, "preemption")
+        watch = GaugeWatch("kvdoctor_kv_full_forecast_seconds", "kvdoctor_kv_usage_ratio")
+        out, timings = run_scenario(runs, tiny, "preemption", on_attach=watch)
+        seen = watch.done()
         diag = check_named(out, timings, "preemption")
         ev = evidence(cause(diag, "kv-pressure-preemption"))
         assert ev["preemptions_per_min"] > 0 and ev["kv_usage_max_frac"] >= 0.9, ev
         # the gauge that moves at once (the counter waits for a preempted request to resume)
-        waiting = kvdoctor.load(out).engine.get("requests_waiting_capacity")
+        cap = kvdoctor.load(out)
+        waiting = cap.engine.get("requests_waiting_capacity")
         assert waiting is not None and np.nanmax(waiting) >= 1
+        # the live "KV full in N min" forecast, as the sidecar exported it during the run: "full
+        # now" (0 s) while requests waited for blocks, though block-granular usage stayed below
+        # 100% most of that time (usage alone saw no growth to forecast)
+        t_w, forecast_s, usage = seen.T
+        assert len(seen) >= 50, seen
+        full = forecast_s == 0
+        assert full.any(), f"the forecast never said full: {np.unique(forecast_s[np.isfinite(forecast_s)])}"
+        # nothing is known before the first live step (a gauge's default 0 would read "full now")
+        assert np.isnan(forecast_s[0]), seen[:3]
+        # each "full" reading came while the engine held requests back, or was at 100%, by its own
+        # gauges: a reading is the last live step's (every 5 s, each a few seconds on 2 busy cores),
+        # from the last scrape before it (every 1 s)
+        t_e, usage_e = cap.engine.time_s, cap.engine.get("kv_usage_frac")
+        for ts in t_w[full]:
+            recent = (t_e <= ts) & (t_e >= ts - 10)
+            assert np.nanmax(waiting[recent], initial=0) >= 1 or np.nanmax(usage_e[recent], initial=0) >= 1, ts
+        # and at least once while the usage gauge read below 100% (the case usage alone missed)
+        assert np.nanmin(usage[full]) < 1, np.unique(usage[full])
         _, config, _ = parse_scrape(tiny.get("/metrics")[1], time.time())
         assert config["kv_capacity_tokens"] == tiny.kv_capacity_tokens_logged() == 9 * config["kv_block_size_tokens"]
 

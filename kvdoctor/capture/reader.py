@@ -38,6 +38,8 @@ REQUEST_SCHEMA = pa.schema(
         ("itl_max_s", pa.float64()),
         ("e2e_s", pa.float64()),
         ("queue_s", pa.float64()),
+        ("prefill_s", pa.float64()),
+        ("decode_s", pa.float64()),
         ("prompt_tokens", pa.float64()),
         ("output_tokens", pa.float64()),
         ("cached_prompt_tokens", pa.float64()),

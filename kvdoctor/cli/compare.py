@@ -40,7 +40,8 @@ def command(before, after, fmt, output, html_path, rules_dirs, slo, sets, lookba
     Rules: resolved / improved / unchanged / worse / new (improved and worse judged on the
     rule's impact signal and its interval). Signals: TTFT, TPOT, ITL, E2E at P50/P90/P99,
     per-turn TPOT growth, prefix hit rate, KV usage peak, error rate, throughput; a signal is
-    better or worse only when the interval of the difference excludes 0 and it moved >= 5%.
+    better or worse only when it moved >= 5% and the change is significant after Holm's
+    correction over all signals tested (family-wise error 5%; the intervals shown are 95%).
     When the workloads differ (arrival rate, prompt/output lengths, turn mix, concurrency)
     the first line says so and latency is compared within matched prompt-length buckets.
     A change that helps one signal and hurts another is reported as a trade-off.

@@ -94,6 +94,8 @@ class Agent:
             CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes, drop_on_error=True),
             on_drop=lambda kind, n: self.metrics["kvdoctor_capture_dropped_total"].labels(kind=kind).inc(n))
         self.metrics = Metrics()
+        # a gauge starts at 0, which for this one reads "KV full now": unknown until the first step
+        self.metrics["kvdoctor_kv_full_forecast_seconds"].set(float("nan"))
         self._set_info(None)
         self.live = LiveDiagnoser(cfg.rules, cfg.options)
         self._recent: dict[str, collections.deque] = {k: collections.deque() for k in ("requests", "gpu", "host", "engine", "events")}
@@ -277,9 +279,9 @@ class Agent:
                     v = w.value(name)
                     if v == v:
                         self.metrics[metric].labels(quantile=f"0.{q}").set(v)
-        forecast = w.value("kv_full_forecast_min")
-        if forecast == forecast:
-            self.metrics["kvdoctor_kv_full_forecast_seconds"].set(forecast * 60)
+        # NaN (not growing, or no KV gauge) replaces the last forecast: a stale "full in 2 min"
+        # would outlive the pressure that made it
+        self.metrics["kvdoctor_kv_full_forecast_seconds"].set(w.value("kv_full_forecast_min") * 60)
         if self.otel:
             self.otel.percentiles({m: w.value(m) for m in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")})
 

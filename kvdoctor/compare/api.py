@@ -7,9 +7,9 @@ from pathlib import Path
 from ..diagnosis import Diagnosis, Options, Rule, diagnose, load_rules
 from ..signals import Prepared, Window
 from . import stats as S
-from .measures import Ctx, SignalDiff, headline
+from .measures import Ctx, SignalDiff, correct_family, headline
 from .sides import Side, SideSpec, load_side
-from .verdict import Overall, RuleStatus, overall, rule_statuses
+from .verdict import Overall, RuleStatus, overall, rule_impacts, rule_statuses
 from .workload import Workload, guard
 
 
@@ -57,7 +57,9 @@ def compare_sides(before: Side, after: Side, rules: list[Rule] | None = None, op
     ctx = Ctx(prep_b, prep_a, prep_b.window(prep_b.start_s, prep_b.end_s), prep_a.window(prep_a.start_s, prep_a.end_s),
               wl, resamples, seed)
     sigs = headline(ctx)
-    statuses = rule_statuses(diag_b, diag_a, ctx)
+    impacts = rule_impacts(diag_b, diag_a, ctx, sigs)
+    correct_family(sigs + list(impacts.values()))  # Holm over every signal judged (docs/compare.md)
+    statuses = rule_statuses(diag_b, diag_a, ctx, impacts)
     return Comparison(before, after, diag_b, diag_a, prep_b, prep_a, wl, sigs, statuses, overall(sigs, statuses, wl),
                       resamples, seed)
 

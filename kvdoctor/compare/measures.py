@@ -13,8 +13,12 @@ How each kind of signal gets its interval:
 * throughput and peaks (KV usage, GPU memory): block bootstrap over contiguous time blocks;
 * anything else: the two values, no interval, verdict "n/a".
 
-Verdict: "better"/"worse" only when the interval of the difference excludes 0 *and* the
-relative change is at least :data:`MIN_REL_CHANGE`; otherwise "no significant change".
+Verdict: "better"/"worse" only when the difference is significant *and* the relative change is
+at least :data:`MIN_REL_CHANGE`; otherwise "no significant change". Significant means rejected
+by Holm's step-down over the whole family compared at once (:func:`correct_family`: the headline
+signals and the fired rules' impact signals), at a family-wise error rate of 5%: ~17 signals
+each tested at 5% would call about one of them better or worse by chance alone in every
+comparison. The displayed intervals stay 95% per signal.
 """
 from __future__ import annotations
 
@@ -85,18 +89,25 @@ class SignalDiff:
     comparable: bool = True          # False: the workload difference confounds it
     note: str = ""
 
+    #: Holm-adjusted p-value within the compared family (NaN: not tested)
+    p_adjusted: float = math.nan
+
     @property
     def family(self) -> str:
         return self.label.split(" ")[0]
 
 
-def judge(d: SignalDiff) -> str:
+def judge(d: SignalDiff, significant: bool | None = None) -> str:
+    """The verdict of one signal; ``significant`` is the family's decision (None: this signal's
+    own 95% interval, before the family is corrected)."""
     if not (math.isfinite(d.before) and math.isfinite(d.after)):
         return "n/a"
     iv = d.iv
     if iv is None or not (math.isfinite(iv.diff_lo) and math.isfinite(iv.diff_hi)):
         return "n/a" if d.before != d.after else "no significant change"
-    if not iv.excludes_zero or not abs(iv.rel) >= MIN_REL_CHANGE:
+    if significant is None:
+        significant = iv.excludes_zero
+    if not (significant and iv.excludes_zero) or not abs(iv.rel) >= MIN_REL_CHANGE:
         return "no significant change"
     lower = iv.diff < 0
     return "better" if lower == (d.better == "lower") else "worse"
@@ -274,3 +285,16 @@ def _confound(d: SignalDiff, wl: Workload) -> None:
 
 def headline(ctx: Ctx) -> list[SignalDiff]:
     return [compare_signal(name, ctx, label) for name, label, _, _ in HEADLINE]
+
+
+def correct_family(diffs: list[SignalDiff], alpha: float = S.FAMILY_ALPHA) -> None:
+    """Re-judge every signal compared (each once, by name) with Holm's correction over all of
+    them: a signal is better or worse only when its hypothesis "no change" is rejected at a
+    family-wise error rate of ``alpha``."""
+    unique = list({d.name: d for d in diffs}.values())
+    p = [d.iv.p if d.iv is not None and d.verdict != "n/a" else math.nan for d in unique]
+    reject, adjusted = S.holm(p, alpha)
+    by_name = {d.name: (r, a) for d, r, a in zip(unique, reject, adjusted)}
+    for d in diffs:
+        r, d.p_adjusted = by_name[d.name]
+        d.verdict = judge(d, r)

@@ -72,9 +72,16 @@ def _matching_line(c: "Comparison") -> str | None:
             "latency percentiles are standardised to their pooled mix")
 
 
+def _family(c: "Comparison") -> list:
+    """Every signal judged, once by name: the headline signals and the rules' impact signals."""
+    return list({d.name: d for d in [*c.signals, *(r.impact for r in c.rules if r.impact)]}.values())
+
+
 def _footer(c: "Comparison") -> str:
+    k = sum(1 for d in _family(c) if math.isfinite(d.p_adjusted))
     return (f"Intervals: 95%, {c.resamples:,} bootstrap resamples (seed {c.seed}); a signal is better or worse only "
-            f"when the interval of the difference excludes 0 and the change is at least {measures.MIN_REL_CHANGE:.0%}.")
+            f"when its change is significant after Holm's correction over the {k} signals tested (family-wise "
+            f"error {measures.S.FAMILY_ALPHA:.0%}) and at least {measures.MIN_REL_CHANGE:.0%}.")
 
 
 def _rule_lines(c: "Comparison") -> list[str]:
@@ -163,6 +170,8 @@ def _iv_json(d) -> dict[str, Any]:
         "diff_ci": [_num(iv.diff_lo), _num(iv.diff_hi)] if iv and math.isfinite(iv.diff_lo) else None,
         "rel": _num(iv.rel) if iv else None,
         "rel_ci": [_num(iv.rel_lo), _num(iv.rel_hi)] if iv and math.isfinite(iv.rel_lo) else None,
+        "p_value": _num(iv.p) if iv else None,
+        "p_adjusted": _num(d.p_adjusted),
     }
 
 
@@ -215,5 +224,7 @@ def to_json(c: "Comparison") -> dict[str, Any]:
                    "note": r.note or None} for r in c.rules],
         "signals": [_signal_json(d) for d in c.signals],
         "method": {"resamples": c.resamples, "seed": c.seed, "confidence": 0.95,
-                   "min_rel_change": measures.MIN_REL_CHANGE},
+                   "min_rel_change": measures.MIN_REL_CHANGE, "family_correction": "holm",
+                   "family_alpha": measures.S.FAMILY_ALPHA,
+                   "family_size": sum(1 for d in _family(c) if math.isfinite(d.p_adjusted))},
     }

@@ -46,14 +46,32 @@ def fired(diag: Diagnosis) -> dict[str, tuple[float, str]]:
     return out
 
 
-def rule_statuses(before: Diagnosis, after: Diagnosis, ctx: Ctx) -> list[RuleStatus]:
+def rule_impacts(before: Diagnosis, after: Diagnosis, ctx: Ctx, signals: list[SignalDiff]) -> dict[str, SignalDiff]:
+    """Rule id -> its impact signal compared, for every rule that fired on either side (a headline
+    signal's comparison is reused, so one signal is one test of the family)."""
+    fb, fa = fired(before), fired(after)
+    rules = {r.id: r for r in before.rules}
+    rules.update({r.id: r for r in after.rules})
+    known = {d.name: d for d in signals}
+    out: dict[str, SignalDiff] = {}
+    for rid in sorted(set(fb) | set(fa)):
+        name = rules[rid].impact
+        if name:
+            known.setdefault(name, compare_signal(name, ctx))
+            out[rid] = known[name]
+    return out
+
+
+def rule_statuses(before: Diagnosis, after: Diagnosis, ctx: Ctx, impacts: dict[str, SignalDiff]) -> list[RuleStatus]:
+    """Statuses of the rules that fired on either side; ``impacts`` from :func:`rule_impacts`,
+    judged with the family's correction."""
     fb, fa = fired(before), fired(after)
     rules = {r.id: r for r in before.rules}
     rules.update({r.id: r for r in after.rules})
     out = []
     for rid in sorted(set(fb) | set(fa)):
         rule = rules[rid]
-        impact = compare_signal(rule.impact, ctx) if rule.impact else None
+        impact = impacts.get(rid)
         ev = [(name, ctx.wb.value(name), ctx.wa.value(name), REGISTRY[name].unit) for name in rule.evidence]
         b, a = fb.get(rid), fa.get(rid)
         note = ""

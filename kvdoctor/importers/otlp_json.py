@@ -10,7 +10,9 @@ Mapping (:func:`request_from_span_attributes`, shared with the live OTLP receive
 * ``gen_ai.request.id`` -> request_id (the span id when absent)
 * span start (the request's arrival in vLLM) -> arrival_s, Unix clock
 * ``gen_ai.latency.time_to_first_token`` -> ttft_s, ``gen_ai.latency.e2e`` -> e2e_s,
-  ``gen_ai.latency.time_in_queue`` -> queue_s
+  ``gen_ai.latency.time_in_queue`` -> queue_s, ``gen_ai.latency.time_in_model_prefill`` -> prefill_s,
+  ``gen_ai.latency.time_in_model_decode`` -> decode_s (vLLM's scheduler clock: queued until
+  scheduled, scheduled until the first token, first token until the last)
 * ``gen_ai.latency.time_in_model_decode`` / (completion_tokens - 1) -> tpot_s
 * ``gen_ai.usage.prompt_tokens`` -> prompt_tokens, ``gen_ai.usage.completion_tokens`` -> output_tokens
   (``gen_ai.usage.input_tokens``/``output_tokens``, the newer names, are read too)
@@ -110,6 +112,8 @@ def request_from_span_attributes(attrs: dict[str, Any], start_unix_nano: int | N
         tpot_s=tpot,
         e2e_s=e2e,
         queue_s=_attr_num(attrs, A_QUEUE),
+        prefill_s=_attr_num(attrs, A_PREFILL),
+        decode_s=decode,
         prompt_tokens=_attr_int(attrs, A_PROMPT),
         output_tokens=out_tok,
         # one classifier for every format: a 499 or a cancelled span is not a server error

@@ -32,23 +32,39 @@ def robust_slope(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def forecast_kv_full(times_s, usage_frac, *, window_s: float = 600.0, full_frac: float = 1.0,
-                     min_points: int = 4, min_slope_per_s: float = 1e-6) -> float | None:
+                     min_points: int = 4, min_slope_per_s: float = 1e-6, waiting=None,
+                     admit_frac: float | None = None) -> float | None:
     """Minutes until KV usage reaches ``full_frac`` at the recent growth rate, or None when it is
     not growing (or there are too few samples in the last ``window_s`` seconds). 0.0 when full.
 
     ``usage_frac`` is the engine's KV cache usage as a fraction 0..1 (vLLM kv_cache_usage_perc,
     SGLang token_usage); NaN samples are ignored.
+
+    Full *now* also when, at the latest sample, requests are ``waiting`` for capacity (vLLM's
+    num_requests_waiting_by_reason{reason="capacity"}, sampled with the usage) and less than
+    ``admit_frac`` of the cache is free (the share one more sequence needs to run to its end,
+    in whole blocks). Admission is block-granular: with 1,152 tokens of 128-token blocks and
+    311-token sequences, usage sways between 75% and 88% while 4-6 requests wait for blocks,
+    never reading 100% though the engine turns every new request away. Both gauges move at once;
+    the preemption counter only when a preempted request resumes.
     """
     t = np.asarray(times_s, dtype=float)
     u = np.asarray(usage_frac, dtype=float)
     if t.shape != u.shape:
         raise ValueError(f"times_s and usage_frac differ in length ({t.size} vs {u.size})")
+    q = None if waiting is None else np.asarray(waiting, dtype=float)
+    if q is not None and q.shape != u.shape:
+        raise ValueError(f"waiting and usage_frac differ in length ({q.size} vs {u.size})")
     keep = np.isfinite(t) & np.isfinite(u)
     t, u = t[keep], u[keep]
     if not len(t):
         return None
     order = np.argsort(t, kind="stable")
     t, u = t[order], u[order]
+    if q is not None and admit_frac is not None and admit_frac > 0:
+        q = q[keep][order]
+        if q[-1] > 0 and 1.0 - u[-1] < admit_frac:
+            return 0.0
     recent = t >= t[-1] - window_s
     t, u = t[recent], u[recent]
     if u[-1] >= full_frac:
@@ -98,15 +114,19 @@ def unsafe_concurrency(max_concurrency: int, p99_len_tokens: float, capacity_tok
 
 def kv_warnings(times_s, usage_frac, *, warn_within_min: float = 30.0, preempts: bool = True,
                 max_concurrency: int | None = None, p99_len_tokens: float | None = None,
-                capacity_tokens: float | None = None, headroom: float = 0.2) -> list[dict]:
+                capacity_tokens: float | None = None, headroom: float = 0.2, waiting=None,
+                admit_frac: float | None = None) -> list[dict]:
     """The live warnings attach mode raises from the same model: an early kv-pressure-preemption
     (engines that preempt, e.g. vLLM, SGLang) or kv-oom (engines that fail) when the cache will be
-    full within ``warn_within_min``, and unsafe-concurrency when the configured maximum cannot fit."""
+    full within ``warn_within_min``, and unsafe-concurrency when the configured maximum cannot fit.
+    ``waiting`` and ``admit_frac``: as :func:`forecast_kv_full` (full now while requests wait for
+    blocks)."""
     out = []
-    minutes = forecast_kv_full(times_s, usage_frac)
+    minutes = forecast_kv_full(times_s, usage_frac, waiting=waiting, admit_frac=admit_frac)
     if minutes is not None and minutes <= warn_within_min:
         out.append({"kind": "kv-pressure-preemption" if preempts else "kv-oom", "minutes_to_full": minutes,
-                    "message": f"KV cache full in ~{max(1, round(minutes))} min at this rate"})
+                    "message": "KV cache full now" if minutes == 0 else
+                    f"KV cache full in ~{max(1, round(minutes))} min at this rate"})
     if max_concurrency and p99_len_tokens and capacity_tokens:
         check = unsafe_concurrency(max_concurrency, p99_len_tokens, capacity_tokens, headroom)
         if check:

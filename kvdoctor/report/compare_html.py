@@ -198,7 +198,8 @@ class _Page:
                         f'<td class="{cls}">{esc(d.verdict)}{note}</td></tr>')
         c = self.c
         foot = (f"95% intervals from {c.resamples:,} bootstrap resamples (seed {c.seed}); better or worse only when the "
-                "interval of the difference excludes 0 and the change is at least 5%.")
+                "change is significant after Holm's correction over every signal tested (family-wise error 5%), its "
+                "interval excludes 0 and it is at least 5%.")
         return ('<section id="signals" class="card"><h2>Signals</h2><table>'
                 '<tr><th>signal</th><th>before</th><th>after</th><th>change [95% CI]</th><th>verdict</th></tr>'
                 + "".join(rows) + f'</table><p class="note">{esc(foot)}</p></section>')

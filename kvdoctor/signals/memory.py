@@ -197,9 +197,25 @@ def kv_quantised(w):
 @signal("kv_full_forecast_min", "min")
 def kv_full_forecast(w):
     """Minutes until the KV cache is full at the recent growth rate (robust slope of the
-    engine's KV usage); NaN when it is not growing. 0 when already full."""
+    engine's KV usage); NaN when it is not growing. 0 when already full: usage at 100%, or
+    requests waiting for capacity while the free KV cannot hold one median sequence (prompt +
+    output, in whole blocks) to its end (vLLM: usage stays below 100% when the free blocks are
+    too few to admit anyone)."""
     from ..plan.forecast import forecast_kv_full
 
     t, v = w.engine("kv_usage_frac")
-    minutes = forecast_kv_full(t, v, window_s=max(w.duration_s, 60.0)) if len(t) else None
+    if not len(t):
+        return np.nan
+    _, waiting = w.engine("requests_waiting_capacity")
+    minutes = forecast_kv_full(t, v, window_s=max(w.duration_s, 60.0), waiting=waiting if len(waiting) else None,
+                               admit_frac=_admit_frac(w))
     return np.nan if minutes is None else minutes
+
+
+def _admit_frac(w) -> float:
+    """Share of the KV cache a median sequence of the window (prompt + output) takes at its end,
+    rounded up to whole blocks (NaN when the capacity or the lengths are unknown)."""
+    tokens = w.pct("context_tokens", 50)
+    block = _config_number(w, "kv_block_size_tokens", "block_size")
+    block = 1.0 if np.isnan(block) else block
+    return ratio(np.ceil(tokens / block) * block, w.value("kv_capacity_tokens"))

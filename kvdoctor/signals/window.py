@@ -22,7 +22,7 @@ GPU_FROM_ENGINE = {"mem_used_bytes": "gpu_mem_used_bytes", "mem_total_bytes": "g
                    "sm_util_frac": "gpu_util_frac", "mem_util_frac": "gpu_mem_copy_util_frac",
                    "dram_bw_util_frac": "gpu_dram_active_frac", "power_w": "gpu_power_w"}
 
-REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "decode_s",
                    "itl_p50_s", "itl_p99_s", "itl_max_s", "prompt_tokens", "output_tokens",
                    "cached_prompt_tokens", "turn", "output_repetition", "http_status",
                    "baseline_agreement_frac", "baseline_output_repetition")

@@ -210,14 +210,18 @@ class AttachedAgent:
         self.thread.join(60)
 
 
-def run(scenario: Scenario, out: Path, *, log=print, engine: str = "llamacpp", server=None) -> list[loadgen.ClientTiming]:
+def run(scenario: Scenario, out: Path, *, log=print, engine: str = "llamacpp", server=None,
+        on_attach=None) -> list[loadgen.ClientTiming]:
     """Run one scenario; the capture lands in ``out`` with client-timings.jsonl beside it. ``server``:
-    a running server started with the scenario's settings (tests share one across scenarios)."""
+    a running server started with the scenario's settings (tests share one across scenarios).
+    ``on_attach(agent)``: called once the sidecar runs, before the load (tests watch it live)."""
     if out.exists():
         shutil.rmtree(out)
     timings: list[loadgen.ClientTiming] = []
     with contextlib.nullcontext(server) if server is not None else make_server(scenario, engine) as srv:
         with AttachedAgent(srv.url, out, srv.pid, engine_config(scenario, engine)) as att:
+            if on_attach is not None:
+                on_attach(att.agent)
             for i, phase in enumerate(scenario.phases):
                 t = time.monotonic()
                 got = asyncio.run(loadgen.run_load(att.proxy_url, phase.requests(), phase.concurrency,
