@@ -1,0 +1,199 @@
+"""Prefill/decode interference, read gap by gap from per-request inter-token times.
+
+A continuous-batching engine that schedules a new prompt's prefill in the same step as the
+running decodes makes that step as long as the prefill work it carries: every stream decoding
+then waits. With per-request ITL lists (the proxy records each chunk's gap) each decode gap
+is an interval [t_k-1, t_k] on the capture's clock; the prompt tokens other requests
+prefilled inside it are estimated by spreading each request's uncached prompt evenly over its
+prefill window [arrival (+ queue when known), first token]. A gap longer than its own
+request's median step is a stall; where stalls carry prefill tokens and grow with them, the
+prefills are what stall the decodes (the request-level `tpot_prefill_interference_corr` sees
+the same effect a whole request at a time).
+
+The gap table is built once per capture; windows select their requests' gaps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .registry import FIT_MIN_X_SPREAD_FRAC, fit, percentile, ratio, signal
+
+#: gaps kept for the table (an even subsample beyond it): the overlap is a loop over requests
+#: with a vector over gaps, so its cost stays linear in traffic
+MAX_GAPS = 200_000
+#: a request's own gaps it needs before its median step is a baseline
+MIN_GAPS_PER_REQUEST = 4
+#: gaps in a window before its interference figures mean anything
+MIN_GAPS = 50
+
+
+@dataclass(frozen=True)
+class GapTable:
+    """One row per decode gap (sorted by the request's arrival-order row)."""
+
+    row: np.ndarray            # the request's row in arrival order (Prepared order)
+    gap_s: np.ndarray          # the inter-token gap
+    excess_s: np.ndarray       # gap minus the request's own median gap (its typical step)
+    prefill_tokens: np.ndarray  # other requests' prompt tokens estimated prefilled inside the gap
+
+
+def prefill_windows(prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, uncached prompt tokens) of each request's prefill in arrival order: from
+    arrival (plus its queue time when the server reported one) to its first token."""
+    start = prep.t + np.nan_to_num(prep.col["queue_s"])
+    end = prep.col["first_token_s"]
+    tokens = np.nan_to_num(prep.col["prompt_tokens"]) - np.nan_to_num(prep.col["cached_prompt_tokens"])
+    return start, end, np.maximum(tokens, 0.0)
+
+
+def gap_table(prep) -> GapTable | None:
+    """The capture's decode gaps with the prefill tokens they overlap; None without per-request
+    ITL lists or arrival times (nothing to align the gaps with)."""
+    if "_gap_table" in prep.__dict__:
+        return prep.__dict__["_gap_table"]
+    out = None
+    if prep.itl is not None and prep.arrivals_known:
+        out = _build(prep)
+    prep.__dict__["_gap_table"] = out
+    return out
+
+
+def _build(prep) -> GapTable | None:
+    offsets, values, order = prep.itl
+    first = prep.col["first_token_s"]
+    rows, t_end, gaps, excess = [], [], [], []
+    for row, src in enumerate(order):
+        g = values[offsets[src]:offsets[src + 1]]
+        if len(g) < MIN_GAPS_PER_REQUEST or not np.isfinite(first[row]):
+            continue
+        g = np.where(np.isfinite(g), g, 0.0)
+        ends = first[row] + np.cumsum(g)
+        rows.append(np.full(len(g), row))
+        t_end.append(ends)
+        gaps.append(g)
+        excess.append(g - np.median(g))
+    if not rows:
+        return None
+    row, t1, gap, exc = (np.concatenate(a) for a in (rows, t_end, gaps, excess))
+    if len(gap) > MAX_GAPS:
+        keep = np.linspace(0, len(gap) - 1, MAX_GAPS).astype(np.int64)
+        row, t1, gap, exc = row[keep], t1[keep], gap[keep], exc[keep]
+    t0 = t1 - gap
+    start, end, tokens = prefill_windows(prep)
+    tok_in_gap = np.zeros(len(gap))
+    ok = np.flatnonzero(np.isfinite(start) & np.isfinite(end) & (end > start) & (tokens > 0))
+    order_t0 = np.argsort(t0, kind="stable")
+    s0 = t0[order_t0]
+    max_gap = float(gap.max()) if len(gap) else 0.0
+    for j in ok:
+        # gaps overlapping [start, end]: they begin before `end` and no earlier than start - max_gap
+        lo = np.searchsorted(s0, start[j] - max_gap, side="left")
+        hi = np.searchsorted(s0, end[j], side="left")
+        if hi <= lo:
+            continue
+        idx = order_t0[lo:hi]
+        idx = idx[row[idx] != j]  # a request's own prefill ends before its first gap
+        overlap = np.minimum(t1[idx], end[j]) - np.maximum(t0[idx], start[j])
+        pos = overlap > 0
+        tok_in_gap[idx[pos]] += tokens[j] * overlap[pos] / (end[j] - start[j])
+    by_row = np.argsort(row, kind="stable")
+    return GapTable(row[by_row], gap[by_row], exc[by_row], tok_in_gap[by_row])
+
+
+def window_gaps(w) -> GapTable | None:
+    """The gaps of the window's requests; None when the capture has none or too few."""
+    key = "gaps"
+    if key not in w._cache:
+        table = gap_table(w.prep)
+        out = None
+        if table is not None:
+            lo, hi = np.searchsorted(table.row, [w.req.start, w.req.stop], side="left")
+            if hi - lo >= MIN_GAPS:
+                out = GapTable(*(a[lo:hi] for a in (table.row, table.gap_s, table.excess_s, table.prefill_tokens)))
+        w._cache[key] = out
+    return w._cache[key]
+
+
+#: gaps overlapping a prefill before a fit of stall on prefill tokens is made
+MIN_OVERLAP_GAPS = 8
+
+
+def _stall_fit(w) -> tuple[float, float, int]:
+    """fit() of gap excess on prefill tokens over the gaps that overlap a prefill: the gaps
+    with none would only add a block of ties at zero."""
+    key = "stall_fit"
+    if key not in w._cache:
+        g = window_gaps(w)
+        out = (float("nan"), float("nan"), 0)
+        if g is not None:
+            hit = g.prefill_tokens > 0
+            out = fit(g.prefill_tokens[hit], g.excess_s[hit], min_n=MIN_OVERLAP_GAPS,
+                      min_spread_frac=FIT_MIN_X_SPREAD_FRAC)
+        w._cache[key] = out
+    return w._cache[key]
+
+
+@signal("itl_prefill_stall_corr", "rank corr")
+def stall_corr(w):
+    """Rank correlation, over the decode gaps that overlap other requests' prefills, of a gap's
+    excess over its request's median step with the prompt tokens prefilled inside it (needs
+    per-request ITL): high when the stall grows with the prefill work the step carried."""
+    return _stall_fit(w)[1]
+
+
+@signal("itl_prefill_stall_ms_per_1k_tokens", "ms/1k tokens")
+def stall_slope(w):
+    """Least-squares extra decode-gap time per 1,000 prompt tokens prefilled inside the gap:
+    what a prefill costs every running stream (near the prefill's own per-token cost when
+    prefills share steps whole)."""
+    return _stall_fit(w)[0] * 1e6
+
+
+@signal("itl_prefill_stall_share", "fraction")
+def stall_share(w):
+    """Share of all decode-gap time that is excess in gaps overlapping other requests'
+    prefills: the part of TPOT that prefills sharing the steps add."""
+    g = window_gaps(w)
+    if g is None:
+        return float("nan")
+    stalled = np.clip(g.excess_s, 0.0, None)[g.prefill_tokens > 0].sum()
+    return ratio(float(stalled), float(g.gap_s.sum()))
+
+
+@signal("itl_prefill_overlap_p99_over_p50", "ratio")
+def overlap_tail(w):
+    """P99 of the gaps that overlap a prefill over the P50 of those that do not: how much
+    longer a step carrying prefill work is than a plain decode step."""
+    g = window_gaps(w)
+    if g is None:
+        return float("nan")
+    hit = g.prefill_tokens > 0
+    if hit.sum() < 5 or (~hit).sum() < 5:
+        return float("nan")
+    return ratio(percentile(g.gap_s[hit], 99), percentile(g.gap_s[~hit], 50))
+
+
+@signal("short_tpot_long_inflight_ratio", "ratio")
+def short_tpot_long(w):
+    """Median TPOT of short requests (prompt at most the median) whose decode overlapped a
+    long request in flight (prompt at or above max(4 x median, P90)), over that of short
+    requests whose decode did not: the long minority slowing the short majority's decode."""
+    p, tpot = w.r("prompt_tokens"), w.r("tpot_s")
+    arr, first, fin = w.prep.t[w.req], w.r("first_token_s"), w.r("finish_s")
+    m = np.isfinite(p) & np.isfinite(arr) & np.isfinite(fin)
+    if m.sum() < 20:
+        return float("nan")
+    med = float(np.median(p[m]))
+    long_ = m & (p >= max(4 * med, float(np.percentile(p[m], 90))))
+    short = m & (p <= med) & np.isfinite(tpot) & np.isfinite(first)
+    if long_.sum() < 1 or short.sum() < 10:
+        return float("nan")
+    la, lf = arr[long_], fin[long_]
+    # a short decode [first, fin] overlaps a long flight [la, lf] when la < fin and lf > first
+    hit = np.array([bool(np.any((la < b) & (lf > a))) for a, b in zip(first[short], fin[short])])
+    t = tpot[short]
+    if hit.sum() < 3 or (~hit).sum() < 3:
+        return float("nan")
+    return ratio(float(np.median(t[hit])), float(np.median(t[~hit])))
