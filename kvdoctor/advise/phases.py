@@ -92,18 +92,31 @@ def measure(prep: Prepared, window: Window) -> PhaseSplit | None:
                       decode_streams_mean=float(np.nanmean(decoding)) if np.isfinite(decoding).any() else float("nan"))
 
 
-def instance_split(ratio: float, max_instances: int = 8) -> tuple[int, int]:
-    """The smallest (prefill, decode) instance counts, at most max_instances together, whose
-    ratio is nearest the measured prefill:decode GPU-time ratio (each side at least 1)."""
+#: an allocation is good enough when its goodput per instance is within this share of the
+#: ideal (a ratio matched exactly): more instances buy the last few percent
+ALLOCATION_EFFICIENCY = 0.9
+
+
+def allocation_efficiency(ratio: float, split: tuple[int, int]) -> float:
+    """Goodput per instance of (prefill, decode) instances over the ideal, for a workload whose
+    prefill:decode GPU time per request is ``ratio`` (the slower pool sets the rate)."""
+    p, d = split
+    return min(p / ratio, d) / (p + d) * (ratio + 1)
+
+
+def instance_split(ratio: float, max_instances: int = 16) -> tuple[int, int]:
+    """The smallest (prefill, decode) instance counts whose goodput per instance is within 10%
+    of the ideal for this prefill:decode GPU-time ratio (the best one when none is)."""
     if not np.isfinite(ratio) or ratio <= 0:
         return (1, 1)
-    best = (1, 1)
-    best_err = abs(np.log(1.0 / ratio))
+    best, best_eff = (1, 1), allocation_efficiency(ratio, (1, 1))
     for total in range(2, max_instances + 1):
         for p in range(1, total):
-            err = abs(np.log(p / (total - p) / ratio))
-            if err < best_err - 1e-9:
-                best, best_err = (p, total - p), err
+            eff = allocation_efficiency(ratio, (p, total - p))
+            if eff > best_eff + 1e-12:
+                best, best_eff = (p, total - p), eff
+        if best_eff >= ALLOCATION_EFFICIENCY:
+            return best
     return best
 
 
