@@ -64,6 +64,11 @@ def advise(cap, model: str | None = None, gpu_mem: str | None = None) -> dict:
         gpu = resolve_gpu(gpu_mem) if gpu_mem else None
     st = options.stall_figures(w)
     p_lo, p_mid, p_hi = split.share("prefill")
+    if cap.meta.engine in options.NO_DISAGGREGATION_ENGINES:
+        result_note = (f"{cap.meta.engine} has no disaggregated serving: moving to vLLM, SGLang or TensorRT-LLM "
+                       "is part of its cost")
+    else:
+        result_note = None
     tier = options.tiering(w, None)
     if "split_tokens" in tier:
         tier["pools"] = _pools(w, tier["split_tokens"], spec, gpu)
@@ -81,6 +86,10 @@ def advise(cap, model: str | None = None, gpu_mem: str | None = None) -> dict:
                                                  w.value("tpot_prefill_interference_corr")),
         "tiering": tier,
     }
+    if result_note:
+        result["disaggregation"]["assumptions"].append(result_note)
+        if result["disaggregation"]["verdict"] == "worth it":
+            result["disaggregation"]["reason"] += f" ({result_note})"
     worth = [k for k in ("chunked_prefill", "disaggregation", "tiering") if result[k]["verdict"] == "worth it"]
     result["summary"] = ("none of the three is worth it on this workload" if not worth and all(
         result[k]["verdict"] == "not worth it" for k in ("chunked_prefill", "disaggregation", "tiering"))
