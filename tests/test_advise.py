@@ -63,7 +63,37 @@ def test_stall_per_token_near_the_servers_prefill_cost():
         long_ = [r["server_timings"] for r in _server_timings(sample) if r["prompt_tokens"] > 1000]
         server_s = float(np.median([t["prompt_ms"] / 1e3 / t["prompt_n"] for t in long_]))
         assert server_s / 2 <= slope_s <= server_s * 2, (sample.name, slope_s, server_s)
-        assert w.value("itl_prefill_stall_corr") >= 0.5
+    # unchunked, a stall lasts as long as the prompt it carries; in 128-token steps it does not
+    big, small = _window(DEFAULT), _window(SMALL)
+    assert big.value("itl_prefill_stall_corr") >= 0.5
+    assert small.value("itl_prefill_stall_corr") < big.value("itl_prefill_stall_corr")
+    assert small.value("itl_prefill_overlap_over_plain_p50") >= 2
+
+
+def test_random_steps_are_not_read_as_interference(tmp_path):
+    """Decode steps drawn at random, independent of the prefills around them, at 20 and 1
+    arrivals/s: the gap credited with more prefill tokens is simply longer, so a correlation with
+    those tokens would be spurious; the signals the rule uses must stay quiet."""
+    from kvdoctor.capture import CaptureWriter
+    from kvdoctor.diagnosis import diagnose
+    from kvdoctor.model import CaptureMeta, RequestRecord
+
+    rng = np.random.default_rng(0)
+    for rate in (20.0, 1.0):
+        out = tmp_path / f"random-{rate:g}"
+        arrival = np.cumsum(rng.exponential(1 / rate, 600)) + 1.7e9
+        with CaptureWriter(out, CaptureMeta(created_unix_s=1.7e9, engine="vllm", origin="simulate")) as wr:
+            for i, a in enumerate(arrival):
+                itl = rng.gamma(4, 0.005, 100)
+                wr.write_many([RequestRecord(request_id=str(i), arrival_s=float(a), first_token_s=float(a + 0.2),
+                                             finish_s=float(a + 0.2 + itl.sum()), ttft_s=0.2, itl_s=list(itl),
+                                             prompt_tokens=float(rng.integers(50, 3000)), output_tokens=101.0)])
+        w = _window(out)
+        assert w.value("itl_prefill_stall_share") < 0.15
+        assert abs(w.value("itl_prefill_stall_corr")) < 0.2
+        fired = {c.rule.id for inc in diagnose(kvdoctor.load(out)).incidents for c in inc.causes}
+        assert "prefill-decode-interference" not in fired
+        assert advise(kvdoctor.load(out))["chunked_prefill"]["verdict"] == "not worth it"
 
 
 def test_smaller_batch_bounds_the_prefill_per_step_and_the_longest_stall():

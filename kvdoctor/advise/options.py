@@ -176,7 +176,7 @@ def tiering(w: Window, pools: dict | None) -> dict:
     if len(p) < 20:
         return {"verdict": "unknown", "reason": "fewer than 20 requests with prompt lengths", "assumptions": assumptions}
     med = float(np.median(p))
-    split_tokens = max(4 * med, float(np.percentile(p, 90)))
+    split_tokens = int(max(4 * med, float(np.percentile(p, 90))))  # whole tokens: ties fall on the long side
     long_frac = float(np.mean(p >= split_tokens))
     tail = w.value("prompt_p99_over_p50")
     hol, tpot_r = w.value("hol_ttft_ratio"), w.value("short_tpot_long_inflight_ratio")

@@ -20,8 +20,8 @@ import numpy as np
 
 from .registry import FIT_MIN_X_SPREAD_FRAC, fit, percentile, ratio, signal
 
-#: gaps kept for the table (an even subsample beyond it): the overlap is a loop over requests
-#: with a vector over gaps, so its cost stays linear in traffic
+#: gaps kept for the table (a stride over each request's gaps beyond it): the overlap is a loop
+#: over requests with a vector over gaps, so its cost stays linear in traffic
 MAX_GAPS = 200_000
 #: a request's own gaps it needs before its median step is a baseline
 MIN_GAPS_PER_REQUEST = 4
@@ -37,6 +37,7 @@ class GapTable:
     gap_s: np.ndarray          # the inter-token gap
     excess_s: np.ndarray       # gap minus the request's own median gap (its typical step)
     prefill_tokens: np.ndarray  # other requests' prompt tokens estimated prefilled inside the gap
+    prompt_max_tokens: np.ndarray  # the longest uncached prompt among the prefills the gap overlaps
 
 
 def prefill_windows(prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -63,6 +64,9 @@ def gap_table(prep) -> GapTable | None:
 def _build(prep) -> GapTable | None:
     offsets, values, order = prep.itl
     first = prep.col["first_token_s"]
+    # every stride-th gap of each request beyond MAX_GAPS in all: memory stays bounded while
+    # each kept gap keeps its true place on the clock (cumulative sums over all its gaps)
+    stride = max(1, -(-int(offsets[-1]) // MAX_GAPS)) if len(offsets) else 1
     rows, t_end, gaps, excess = [], [], [], []
     for row, src in enumerate(order):
         g = values[offsets[src]:offsets[src + 1]]
@@ -70,19 +74,20 @@ def _build(prep) -> GapTable | None:
             continue
         g = np.where(np.isfinite(g), g, 0.0)
         ends = first[row] + np.cumsum(g)
+        med = np.median(g)
+        if stride > 1:
+            g, ends = g[::stride], ends[::stride]
         rows.append(np.full(len(g), row))
         t_end.append(ends)
         gaps.append(g)
-        excess.append(g - np.median(g))
+        excess.append(g - med)
     if not rows:
         return None
     row, t1, gap, exc = (np.concatenate(a) for a in (rows, t_end, gaps, excess))
-    if len(gap) > MAX_GAPS:
-        keep = np.linspace(0, len(gap) - 1, MAX_GAPS).astype(np.int64)
-        row, t1, gap, exc = row[keep], t1[keep], gap[keep], exc[keep]
     t0 = t1 - gap
     start, end, tokens = prefill_windows(prep)
     tok_in_gap = np.zeros(len(gap))
+    tok_max = np.zeros(len(gap))
     ok = np.flatnonzero(np.isfinite(start) & np.isfinite(end) & (end > start) & (tokens > 0))
     order_t0 = np.argsort(t0, kind="stable")
     s0 = t0[order_t0]
@@ -98,8 +103,9 @@ def _build(prep) -> GapTable | None:
         overlap = np.minimum(t1[idx], end[j]) - np.maximum(t0[idx], start[j])
         pos = overlap > 0
         tok_in_gap[idx[pos]] += tokens[j] * overlap[pos] / (end[j] - start[j])
+        tok_max[idx[pos]] = np.maximum(tok_max[idx[pos]], tokens[j])
     by_row = np.argsort(row, kind="stable")
-    return GapTable(row[by_row], gap[by_row], exc[by_row], tok_in_gap[by_row])
+    return GapTable(row[by_row], gap[by_row], exc[by_row], tok_in_gap[by_row], tok_max[by_row])
 
 
 def window_gaps(w) -> GapTable | None:
@@ -111,26 +117,31 @@ def window_gaps(w) -> GapTable | None:
         if table is not None:
             lo, hi = np.searchsorted(table.row, [w.req.start, w.req.stop], side="left")
             if hi - lo >= MIN_GAPS:
-                out = GapTable(*(a[lo:hi] for a in (table.row, table.gap_s, table.excess_s, table.prefill_tokens)))
+                out = GapTable(*(a[lo:hi] for a in (table.row, table.gap_s, table.excess_s, table.prefill_tokens,
+                                                    table.prompt_max_tokens)))
         w._cache[key] = out
     return w._cache[key]
 
 
 #: gaps overlapping a prefill before a fit of stall on prefill tokens is made
 MIN_OVERLAP_GAPS = 8
+#: a gap is a stall when at least this many times its request's median step: a step that
+#: carries prefill work is at least one more step long, where the jitter of plain steps rarely
+#: reaches (on random gamma-distributed steps the stall share stays under 0.1)
+STALL_OVER_STEP = 2.0
 
 
-def _stall_fit(w) -> tuple[float, float, int]:
-    """fit() of gap excess on prefill tokens over the gaps that overlap a prefill: the gaps
-    with none would only add a block of ties at zero."""
-    key = "stall_fit"
+def _hit(g: GapTable) -> np.ndarray:
+    return g.prefill_tokens > 0
+
+
+def _fit(w, key: str, x_of) -> tuple[float, float, int]:
     if key not in w._cache:
         g = window_gaps(w)
         out = (float("nan"), float("nan"), 0)
         if g is not None:
-            hit = g.prefill_tokens > 0
-            out = fit(g.prefill_tokens[hit], g.excess_s[hit], min_n=MIN_OVERLAP_GAPS,
-                      min_spread_frac=FIT_MIN_X_SPREAD_FRAC)
+            hit = _hit(g)
+            out = fit(x_of(g)[hit], g.excess_s[hit], min_n=MIN_OVERLAP_GAPS, min_spread_frac=FIT_MIN_X_SPREAD_FRAC)
         w._cache[key] = out
     return w._cache[key]
 
@@ -138,41 +149,46 @@ def _stall_fit(w) -> tuple[float, float, int]:
 @signal("itl_prefill_stall_corr", "rank corr")
 def stall_corr(w):
     """Rank correlation, over the decode gaps that overlap other requests' prefills, of a gap's
-    excess over its request's median step with the prompt tokens prefilled inside it (needs
-    per-request ITL): high when the stall grows with the prefill work the step carried."""
-    return _stall_fit(w)[1]
+    excess over its request's median step with the longest prompt among those prefills (needs
+    per-request ITL): high when a stall lasts as long as the prompt it carries (unchunked
+    prefill). The longest prompt, not the tokens credited to the gap: those grow with the gap's
+    own length and would correlate with any noise."""
+    return _fit(w, "stall_fit_max", lambda g: g.prompt_max_tokens)[1]
 
 
 @signal("itl_prefill_stall_ms_per_1k_tokens", "ms/1k tokens")
 def stall_slope(w):
-    """Least-squares extra decode-gap time per 1,000 prompt tokens prefilled inside the gap:
-    what a prefill costs every running stream (near the prefill's own per-token cost when
-    prefills share steps whole)."""
-    return _stall_fit(w)[0] * 1e6
+    """Least-squares extra decode-gap time per 1,000 prompt tokens estimated prefilled inside the
+    gap (each prompt spread over its prefill window): what a prefill token costs every running
+    stream; near the server's own prefill cost per token when prefills share the steps."""
+    return _fit(w, "stall_fit_tokens", lambda g: g.prefill_tokens)[0] * 1e6
 
 
 @signal("itl_prefill_stall_share", "fraction")
 def stall_share(w):
-    """Share of all decode-gap time that is excess in gaps overlapping other requests'
-    prefills: the part of TPOT that prefills sharing the steps add."""
+    """Share of all decode-gap time that is stall (a gap of 2x its request's median step or
+    more, counted above that median) in gaps overlapping other requests' prefills: the part of
+    TPOT that prefills sharing the steps add."""
     g = window_gaps(w)
     if g is None:
         return float("nan")
-    stalled = np.clip(g.excess_s, 0.0, None)[g.prefill_tokens > 0].sum()
+    step = g.gap_s - g.excess_s
+    stalled = g.excess_s[_hit(g) & (g.gap_s >= STALL_OVER_STEP * step)].sum()
     return ratio(float(stalled), float(g.gap_s.sum()))
 
 
-@signal("itl_prefill_overlap_p99_over_p50", "ratio")
-def overlap_tail(w):
-    """P99 of the gaps that overlap a prefill over the P50 of those that do not: how much
-    longer a step carrying prefill work is than a plain decode step."""
+@signal("itl_prefill_overlap_over_plain_p50", "ratio")
+def overlap_over_plain(w):
+    """Median decode gap overlapping other requests' prefills over the median gap overlapping
+    none: how much longer a step carrying prefill work is than a plain decode step (chunked
+    prefill keeps this above 1 with stalls that no longer grow with the prompt)."""
     g = window_gaps(w)
     if g is None:
         return float("nan")
-    hit = g.prefill_tokens > 0
+    hit = _hit(g)
     if hit.sum() < 5 or (~hit).sum() < 5:
         return float("nan")
-    return ratio(percentile(g.gap_s[hit], 99), percentile(g.gap_s[~hit], 50))
+    return ratio(percentile(g.gap_s[hit], 50), percentile(g.gap_s[~hit], 50))
 
 
 @signal("short_tpot_long_inflight_ratio", "ratio")
