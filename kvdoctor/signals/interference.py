@@ -64,26 +64,33 @@ def gap_table(prep) -> GapTable | None:
 def _build(prep) -> GapTable | None:
     offsets, values, order = prep.itl
     first = prep.col["first_token_s"]
-    # every stride-th gap of each request beyond MAX_GAPS in all: memory stays bounded while
-    # each kept gap keeps its true place on the clock (cumulative sums over all its gaps)
-    stride = max(1, -(-int(offsets[-1]) // MAX_GAPS)) if len(offsets) else 1
-    rows, t_end, gaps, excess = [], [], [], []
-    for row, src in enumerate(order):
-        g = values[offsets[src]:offsets[src + 1]]
-        if len(g) < MIN_GAPS_PER_REQUEST or not np.isfinite(first[row]):
-            continue
-        g = np.where(np.isfinite(g), g, 0.0)
-        ends = first[row] + np.cumsum(g)
-        med = np.median(g)
-        if stride > 1:
-            g, ends = g[::stride], ends[::stride]
-        rows.append(np.full(len(g), row))
-        t_end.append(ends)
-        gaps.append(g)
-        excess.append(g - med)
-    if not rows:
+    lengths = (offsets[1:] - offsets[:-1])[order]
+    keep = (lengths >= MIN_GAPS_PER_REQUEST) & np.isfinite(first)
+    rows_kept = np.flatnonzero(keep)
+    if not len(rows_kept):
         return None
-    row, t1, gap, exc = (np.concatenate(a) for a in (rows, t_end, gaps, excess))
+    # all kept requests' gaps in arrival order, as one vector (no per-request Python loop)
+    n = lengths[rows_kept]
+    seg = np.concatenate([[0], np.cumsum(n)])
+    row = np.repeat(rows_kept, n)
+    within = np.arange(seg[-1]) - np.repeat(seg[:-1], n)
+    gap = values[np.repeat(offsets[order][rows_kept], n) + within]
+    gap = np.where(np.isfinite(gap), gap, 0.0)
+    csum = np.cumsum(gap)
+    t1 = first[row] + csum - np.repeat(csum[seg[:-1]] - gap[seg[:-1]], n)
+    # every stride-th gap of each request beyond MAX_GAPS in all: memory and sorting stay
+    # bounded while each kept gap keeps its true place on the clock (the cumulative sums above
+    # ran over all its gaps) and the median step is read from the kept ones
+    stride = max(1, -(-len(gap) // MAX_GAPS))
+    if stride > 1:
+        sel = within % stride == 0
+        row, t1, gap = row[sel], t1[sel], gap[sel]
+        n = -(-n // stride)
+        seg = np.concatenate([[0], np.cumsum(n)])
+    # each request's median gap: sort within requests, read the middle one or two
+    srt = gap[np.lexsort((gap, row))]
+    med = (srt[seg[:-1] + (n - 1) // 2] + srt[seg[:-1] + n // 2]) / 2
+    exc = gap - np.repeat(med, n)
     t0 = t1 - gap
     start, end, tokens = prefill_windows(prep)
     tok_in_gap = np.zeros(len(gap))
@@ -206,9 +213,13 @@ def short_tpot_long(w):
     short = m & (p <= med) & np.isfinite(tpot) & np.isfinite(first)
     if long_.sum() < 1 or short.sum() < 10:
         return float("nan")
-    la, lf = arr[long_], fin[long_]
-    # a short decode [first, fin] overlaps a long flight [la, lf] when la < fin and lf > first
-    hit = np.array([bool(np.any((la < b) & (lf > a))) for a, b in zip(first[short], fin[short])])
+    # a short decode [first, fin] overlaps a long flight [la, lf] when some long one began before
+    # the decode ended and was still in flight after it began: among longs sorted by start, the
+    # latest end of those starting before `fin` must exceed `first`
+    order = np.argsort(arr[long_], kind="stable")
+    la, lf = arr[long_][order], np.maximum.accumulate(fin[long_][order])
+    idx = np.searchsorted(la, fin[short], side="left") - 1
+    hit = (idx >= 0) & (lf[np.clip(idx, 0, None)] > first[short])
     t = tpot[short]
     if hit.sum() < 3 or (~hit).sum() < 3:
         return float("nan")
