@@ -225,4 +225,6 @@ def test_mixed_prompts_name_long_prefills_first():
     diag = diagnose(kvdoctor.load(SAMPLES / "mixed-prompts-2-slots"))
     assert diag.incidents
     top = diag.incidents[0].causes[0].rule.id
-    assert top in ("long-prompt-hol-blocking", "prefill-bound"), top
+    # prefill-decode-interference (issue 17) names the same long prefills, seen in the decode gaps
+    # they stall (79% of decode time here); it may lead when its incident starts first
+    assert top in ("long-prompt-hol-blocking", "prefill-bound", "prefill-decode-interference"), top

@@ -16,14 +16,22 @@ RELATED = {
     # long prefills share the 2 CPU cores with the running decodes, so TPOT rises with concurrency
     # too: decode-stall-tail names it (prefills interleaved with decode steps); decode-bandwidth-bound
     # may still fire as its low-confidence CPU hypothesis
+    # ... and per decode gap the stalls follow the long prompts' tokens (prefill-decode-interference),
+    # which a long-prompt minority makes a tiering case (issue 17)
     "prefill-bound": {"prefill-bound", "long-prompt-hol-blocking", "queueing-saturation", "prompt-length-tail", "tail-latency",
-                      "decode-stall-tail", "decode-bandwidth-bound"},
+                      "decode-stall-tail", "decode-bandwidth-bound", "prefill-decode-interference", "mixed-length-tiering"},
     "kv-growth-per-turn": {"kv-growth-per-turn", "prefill-bound", "decode-bandwidth-bound", "queueing-saturation"},
     "decode-bandwidth-bound": {"decode-bandwidth-bound", "queueing-saturation", "tail-latency"},
     # long sequences x concurrency: the decodes that do run share the machine, so TPOT rises too
     "kv-oom": {"kv-oom", "error-burst", "unsafe-concurrency", "prompt-length-tail", "queueing-saturation",
-               "long-prompt-hol-blocking", "prefill-bound", "decode-bandwidth-bound", "decode-stall-tail"},
+               "long-prompt-hol-blocking", "prefill-bound", "decode-bandwidth-bound", "decode-stall-tail",
+               "prefill-decode-interference"},
     "prefix-cache-ineffective": {"prefix-cache-ineffective", "prefill-bound"},
+    # recorded in samples/ (3.4 and 10 min on 2 cores: too long for this list); the long prefills
+    # also make TTFT prefill-bound and, with a smaller batch, queue
+    "prefill-decode-interference": {"prefill-decode-interference", "prefill-bound", "long-prompt-hol-blocking",
+                                    "queueing-saturation", "prompt-length-tail", "tail-latency", "decode-stall-tail",
+                                    "decode-bandwidth-bound", "mixed-length-tiering"},
     None: set(),
 }
 

@@ -20,7 +20,7 @@ from ..errors import KvdoctorError
 
 #: command name -> module in this package (tests check every module with a `command` is here)
 COMMANDS = {
-    "attach": "attach", "compare": "compare", "diagnose": "diagnose", "export": "export", "import": "import_cmd", "oncall": "oncall",
+    "advise": "advise", "attach": "attach", "compare": "compare", "diagnose": "diagnose", "export": "export", "import": "import_cmd", "oncall": "oncall",
     "plan": "plan", "quality": "quality", "report": "report", "rules": "rules", "signals": "signals",
     "summary": "summary",
 }

@@ -123,6 +123,20 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (Phase(lambda: _fixed(_mix(loadgen.short_prompts(30, max_tokens=16, seed=12),
                                         _long_range(10, 900, 1400, max_tokens=16), every=3)), concurrency=3),),
              expect="prefill-bound", n_ctx=2 * 4096, parallel=2),
+    # issue 17: long prompts arriving while other requests decode; llama.cpp puts a new prompt's
+    # tokens (up to -b per step) into the same step as the running decodes, so their ITL spikes
+    Scenario("prefill-interference", "long decodes (short prompts, 160 tokens out) while 1,500-token prompts "
+             "arrive: each long prefill shares the decode steps, ITL spikes by its prefill time",
+             (Phase(lambda: _fixed(_mix(loadgen.short_prompts(30, max_tokens=160, seed=17),
+                                        loadgen.long_prompts(15, tokens=1500, max_tokens=8, seed=17), every=2)),
+                    concurrency=4, arrival_rate_per_s=0.8),),
+             expect="prefill-decode-interference", n_ctx=4 * 2048, parallel=4),
+    Scenario("prefill-interference-small-batch", "the same load with -b 128 -ub 128: a long prompt is "
+             "prefilled 128 tokens per step between decode steps, so each stall is shorter",
+             (Phase(lambda: _fixed(_mix(loadgen.short_prompts(30, max_tokens=160, seed=17),
+                                        loadgen.long_prompts(15, tokens=1500, max_tokens=8, seed=17), every=2)),
+                    concurrency=4, arrival_rate_per_s=0.8),),
+             expect="prefill-decode-interference", n_ctx=4 * 2048, parallel=4, server_args=("-b", "128", "-ub", "128")),
     Scenario("prefix-cache-on", "a long shared system prompt, prompt caching on: the cache serves it",
              (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=True)), concurrency=1),),
              expect=None, n_ctx=4096, parallel=1, vllm=VLLM_MAIN),

@@ -1,0 +1,226 @@
+"""Prefill/decode interference, read gap by gap from per-request inter-token times.
+
+A continuous-batching engine that schedules a new prompt's prefill in the same step as the
+running decodes makes that step as long as the prefill work it carries: every stream decoding
+then waits. With per-request ITL lists (the proxy records each chunk's gap) each decode gap
+is an interval [t_k-1, t_k] on the capture's clock; the prompt tokens other requests
+prefilled inside it are estimated by spreading each request's uncached prompt evenly over its
+prefill window [arrival (+ queue when known), first token]. A gap longer than its own
+request's median step is a stall; where stalls carry prefill tokens and grow with them, the
+prefills are what stall the decodes (the request-level `tpot_prefill_interference_corr` sees
+the same effect a whole request at a time).
+
+The gap table is built once per capture; windows select their requests' gaps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .registry import FIT_MIN_X_SPREAD_FRAC, fit, percentile, ratio, signal
+
+#: gaps kept for the table (a stride over each request's gaps beyond it): the overlap is a loop
+#: over requests with a vector over gaps, so its cost stays linear in traffic
+MAX_GAPS = 200_000
+#: a request's own gaps it needs before its median step is a baseline
+MIN_GAPS_PER_REQUEST = 4
+#: gaps in a window before its interference figures mean anything
+MIN_GAPS = 50
+
+
+@dataclass(frozen=True)
+class GapTable:
+    """One row per decode gap (sorted by the request's arrival-order row)."""
+
+    row: np.ndarray            # the request's row in arrival order (Prepared order)
+    gap_s: np.ndarray          # the inter-token gap
+    excess_s: np.ndarray       # gap minus the request's own median gap (its typical step)
+    prefill_tokens: np.ndarray  # other requests' prompt tokens estimated prefilled inside the gap
+    prompt_max_tokens: np.ndarray  # the longest uncached prompt among the prefills the gap overlaps
+
+
+def prefill_windows(prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, uncached prompt tokens) of each request's prefill in arrival order: from
+    arrival (plus its queue time when the server reported one) to its first token."""
+    start = prep.t + np.nan_to_num(prep.col["queue_s"])
+    end = prep.col["first_token_s"]
+    tokens = np.nan_to_num(prep.col["prompt_tokens"]) - np.nan_to_num(prep.col["cached_prompt_tokens"])
+    return start, end, np.maximum(tokens, 0.0)
+
+
+def gap_table(prep) -> GapTable | None:
+    """The capture's decode gaps with the prefill tokens they overlap; None without per-request
+    ITL lists or arrival times (nothing to align the gaps with)."""
+    if "_gap_table" in prep.__dict__:
+        return prep.__dict__["_gap_table"]
+    out = None
+    if prep.itl is not None and prep.arrivals_known:
+        out = _build(prep)
+    prep.__dict__["_gap_table"] = out
+    return out
+
+
+def _build(prep) -> GapTable | None:
+    offsets, values, order = prep.itl
+    first = prep.col["first_token_s"]
+    lengths = (offsets[1:] - offsets[:-1])[order]
+    keep = (lengths >= MIN_GAPS_PER_REQUEST) & np.isfinite(first)
+    rows_kept = np.flatnonzero(keep)
+    if not len(rows_kept):
+        return None
+    # all kept requests' gaps in arrival order, as one vector (no per-request Python loop)
+    n = lengths[rows_kept]
+    seg = np.concatenate([[0], np.cumsum(n)])
+    row = np.repeat(rows_kept, n)
+    within = np.arange(seg[-1]) - np.repeat(seg[:-1], n)
+    gap = values[np.repeat(offsets[order][rows_kept], n) + within]
+    gap = np.where(np.isfinite(gap), gap, 0.0)
+    csum = np.cumsum(gap)
+    t1 = first[row] + csum - np.repeat(csum[seg[:-1]] - gap[seg[:-1]], n)
+    # every stride-th gap of each request beyond MAX_GAPS in all: memory and sorting stay
+    # bounded while each kept gap keeps its true place on the clock (the cumulative sums above
+    # ran over all its gaps) and the median step is read from the kept ones
+    stride = max(1, -(-len(gap) // MAX_GAPS))
+    if stride > 1:
+        sel = within % stride == 0
+        row, t1, gap = row[sel], t1[sel], gap[sel]
+        n = -(-n // stride)
+        seg = np.concatenate([[0], np.cumsum(n)])
+    # each request's median gap: sort within requests, read the middle one or two
+    srt = gap[np.lexsort((gap, row))]
+    med = (srt[seg[:-1] + (n - 1) // 2] + srt[seg[:-1] + n // 2]) / 2
+    exc = gap - np.repeat(med, n)
+    t0 = t1 - gap
+    start, end, tokens = prefill_windows(prep)
+    tok_in_gap = np.zeros(len(gap))
+    tok_max = np.zeros(len(gap))
+    ok = np.flatnonzero(np.isfinite(start) & np.isfinite(end) & (end > start) & (tokens > 0))
+    order_t0 = np.argsort(t0, kind="stable")
+    s0 = t0[order_t0]
+    max_gap = float(gap.max()) if len(gap) else 0.0
+    for j in ok:
+        # gaps overlapping [start, end]: they begin before `end` and no earlier than start - max_gap
+        lo = np.searchsorted(s0, start[j] - max_gap, side="left")
+        hi = np.searchsorted(s0, end[j], side="left")
+        if hi <= lo:
+            continue
+        idx = order_t0[lo:hi]
+        idx = idx[row[idx] != j]  # a request's own prefill ends before its first gap
+        overlap = np.minimum(t1[idx], end[j]) - np.maximum(t0[idx], start[j])
+        pos = overlap > 0
+        tok_in_gap[idx[pos]] += tokens[j] * overlap[pos] / (end[j] - start[j])
+        tok_max[idx[pos]] = np.maximum(tok_max[idx[pos]], tokens[j])
+    by_row = np.argsort(row, kind="stable")
+    return GapTable(row[by_row], gap[by_row], exc[by_row], tok_in_gap[by_row], tok_max[by_row])
+
+
+def window_gaps(w) -> GapTable | None:
+    """The gaps of the window's requests; None when the capture has none or too few."""
+    key = "gaps"
+    if key not in w._cache:
+        table = gap_table(w.prep)
+        out = None
+        if table is not None:
+            lo, hi = np.searchsorted(table.row, [w.req.start, w.req.stop], side="left")
+            if hi - lo >= MIN_GAPS:
+                out = GapTable(*(a[lo:hi] for a in (table.row, table.gap_s, table.excess_s, table.prefill_tokens,
+                                                    table.prompt_max_tokens)))
+        w._cache[key] = out
+    return w._cache[key]
+
+
+#: gaps overlapping a prefill before a fit of stall on prefill tokens is made
+MIN_OVERLAP_GAPS = 8
+#: a gap is a stall when at least this many times its request's median step: a step that
+#: carries prefill work is at least one more step long, where the jitter of plain steps rarely
+#: reaches (on random gamma-distributed steps the stall share stays under 0.1)
+STALL_OVER_STEP = 2.0
+
+
+def _hit(g: GapTable) -> np.ndarray:
+    return g.prefill_tokens > 0
+
+
+def _fit(w, key: str, x_of) -> tuple[float, float, int]:
+    if key not in w._cache:
+        g = window_gaps(w)
+        out = (float("nan"), float("nan"), 0)
+        if g is not None:
+            hit = _hit(g)
+            out = fit(x_of(g)[hit], g.excess_s[hit], min_n=MIN_OVERLAP_GAPS, min_spread_frac=FIT_MIN_X_SPREAD_FRAC)
+        w._cache[key] = out
+    return w._cache[key]
+
+
+@signal("itl_prefill_stall_corr", "rank corr")
+def stall_corr(w):
+    """Rank correlation, over the decode gaps that overlap other requests' prefills, of a gap's
+    excess over its request's median step with the longest prompt among those prefills (needs
+    per-request ITL): high when a stall lasts as long as the prompt it carries (unchunked
+    prefill). The longest prompt, not the tokens credited to the gap: those grow with the gap's
+    own length and would correlate with any noise."""
+    return _fit(w, "stall_fit_max", lambda g: g.prompt_max_tokens)[1]
+
+
+@signal("itl_prefill_stall_ms_per_1k_tokens", "ms/1k tokens")
+def stall_slope(w):
+    """Least-squares extra decode-gap time per 1,000 prompt tokens estimated prefilled inside the
+    gap (each prompt spread over its prefill window): what a prefill token costs every running
+    stream; near the server's own prefill cost per token when prefills share the steps."""
+    return _fit(w, "stall_fit_tokens", lambda g: g.prefill_tokens)[0] * 1e6
+
+
+@signal("itl_prefill_stall_share", "fraction")
+def stall_share(w):
+    """Share of all decode-gap time that is stall (a gap of 2x its request's median step or
+    more, counted above that median) in gaps overlapping other requests' prefills: the part of
+    TPOT that prefills sharing the steps add."""
+    g = window_gaps(w)
+    if g is None:
+        return float("nan")
+    step = g.gap_s - g.excess_s
+    stalled = g.excess_s[_hit(g) & (g.gap_s >= STALL_OVER_STEP * step)].sum()
+    return ratio(float(stalled), float(g.gap_s.sum()))
+
+
+@signal("itl_prefill_overlap_over_plain_p50", "ratio")
+def overlap_over_plain(w):
+    """Median decode gap overlapping other requests' prefills over the median gap overlapping
+    none: how much longer a step carrying prefill work is than a plain decode step (chunked
+    prefill keeps this above 1 with stalls that no longer grow with the prompt)."""
+    g = window_gaps(w)
+    if g is None:
+        return float("nan")
+    hit = _hit(g)
+    if hit.sum() < 5 or (~hit).sum() < 5:
+        return float("nan")
+    return ratio(percentile(g.gap_s[hit], 50), percentile(g.gap_s[~hit], 50))
+
+
+@signal("short_tpot_long_inflight_ratio", "ratio")
+def short_tpot_long(w):
+    """Median TPOT of short requests (prompt at most the median) whose decode overlapped a
+    long request in flight (prompt at or above max(4 x median, P90)), over that of short
+    requests whose decode did not: the long minority slowing the short majority's decode."""
+    p, tpot = w.r("prompt_tokens"), w.r("tpot_s")
+    arr, first, fin = w.prep.t[w.req], w.r("first_token_s"), w.r("finish_s")
+    m = np.isfinite(p) & np.isfinite(arr) & np.isfinite(fin)
+    if m.sum() < 20:
+        return float("nan")
+    med = float(np.median(p[m]))
+    long_ = m & (p >= max(4 * med, float(np.percentile(p[m], 90))))
+    short = m & (p <= med) & np.isfinite(tpot) & np.isfinite(first)
+    if long_.sum() < 1 or short.sum() < 10:
+        return float("nan")
+    # a short decode [first, fin] overlaps a long flight [la, lf] when some long one began before
+    # the decode ended and was still in flight after it began: among longs sorted by start, the
+    # latest end of those starting before `fin` must exceed `first`
+    order = np.argsort(arr[long_], kind="stable")
+    la, lf = arr[long_][order], np.maximum.accumulate(fin[long_][order])
+    idx = np.searchsorted(la, fin[short], side="left") - 1
+    hit = (idx >= 0) & (lf[np.clip(idx, 0, None)] > first[short])
+    t = tpot[short]
+    if hit.sum() < 3 or (~hit).sum() < 3:
+        return float("nan")
+    return ratio(float(np.median(t[hit])), float(np.median(t[~hit])))
