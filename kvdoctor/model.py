@@ -95,6 +95,8 @@ class HostSample:
     host_mem_used_bytes: int | None = None
     host_mem_total_bytes: int | None = None
     host_cpu_frac: float | None = None
+    #: logical CPUs of the host: host_cpu_frac x this - server_cpu_cores = cores other processes took
+    host_cpu_count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

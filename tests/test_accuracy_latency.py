@@ -228,3 +228,22 @@ def test_mixed_prompts_name_long_prefills_first():
     # prefill-decode-interference (issue 17) names the same long prefills, seen in the decode gaps
     # they stall (79% of decode time here); it may lead when its incident starts first
     assert top in ("long-prompt-hol-blocking", "prefill-bound", "prefill-decode-interference"), top
+
+
+# -- the host, not the workload -----------------------------------------------------------------
+
+def test_busy_host_is_named_as_the_host(tmp_path):
+    """samples/busy-host: the healthy load on a real llama-server while two busy loops take the
+    host's 2 cores. The stalls are blamed on the host, with the other processes' share measured
+    from the capture's own psutil samples (host busy share - server cores / CPUs), and the first
+    fix is the host's CPU, not chunked prefill or disaggregation."""
+    cap = kvdoctor.load(SAMPLES / "busy-host")
+    host = cap.host
+    busy, server, count = host.num("host_cpu_frac"), host.num("server_cpu_cores"), host.num("host_cpu_count")
+    other = np.nanmedian(busy - server / count)
+    [c] = [c for inc in diagnose(cap).incidents for c in inc.causes if c.rule.id == "decode-stall-tail"]
+    assert "host" in c.cause and c.evidence["host_other_cpu_frac"] == pytest.approx(other)
+    assert other >= 0.25 and c.fixes[0].title.startswith("Give the engine's host process its CPU")
+    # the same load without the busy loops: nothing to blame
+    quiet = _whole(kvdoctor.load(SAMPLES / "healthy"))
+    assert not quiet.value("host_other_cpu_frac") >= 0.25  # NaN (recorded before the CPU count) or low

@@ -93,6 +93,7 @@ def test_host_only_without_server():
     assert s.time_s == 2.0 and s.server_pid is None and s.server_cpu_cores is None
     assert 0 < s.host_mem_used_bytes < s.host_mem_total_bytes == psutil.virtual_memory().total
     assert s.host_cpu_frac is None or 0.0 <= s.host_cpu_frac <= 1.0
+    assert s.host_cpu_count == psutil.cpu_count() >= 1  # what turns the busy share into cores
 
 
 def test_finds_server_by_port_and_measures_tree(server):

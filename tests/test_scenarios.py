@@ -72,10 +72,16 @@ def test_scenario_names_its_cause(scenario_run, name):
     expect = SCENARIOS[name].expect
     diag = diagnose(kvdoctor.load(out))
     fired = {c.rule.id for inc in diag.incidents for c in inc.causes}
-    tops = [inc.causes[0].rule.id for inc in diag.incidents]
     report = json.dumps(diag.to_json()["incidents"], indent=1)[:3000]
+    # the host these tests share (2 cores: pytest, the sidecar, the load generator, other jobs)
+    # can stall decode steps; kvdoctor names that when it measured the host busy with other
+    # processes, and that incident is about the machine, not the scenario's workload
+    host = [inc for inc in diag.incidents if _blames_the_host(inc)]
+    fired -= {c.rule.id for inc in host for c in inc.causes} - {c.rule.id for inc in diag.incidents
+                                                                 if inc not in host for c in inc.causes}
+    tops = [inc.causes[0].rule.id for inc in diag.incidents if inc not in host]
     if expect is None:
-        assert not diag.incidents, f"{name} should raise no incident:\n{report}"
+        assert len(host) == len(diag.incidents), f"{name} should raise no incident:\n{report}"
     else:
         assert expect in tops or set(tops) & SAME_ROOT.get(expect, set()), \
             f"{name}: expected {expect} as a top cause, got {tops}:\n{report}"
@@ -92,6 +98,13 @@ def test_scenario_names_its_cause(scenario_run, name):
     assert np.median(np.abs(d_ttft)) < 0.010, d_ttft
     # most within a few ms; a busy 2-core machine can hold one thread for a scheduler slice
     assert np.percentile(np.abs(d_ttft), 90) < 0.030, d_ttft
+
+
+def _blames_the_host(inc) -> bool:
+    """A decode-stall incident whose leading cause is other processes on the host, measured."""
+    top = inc.causes[0]
+    return (top.rule.id == "decode-stall-tail" and top.evidence.get("host_other_cpu_frac", 0) >= 0.25
+            and "host" in top.cause)
 
 
 def paired_differences(cap, timings, attr: str) -> np.ndarray:

@@ -85,6 +85,7 @@ HOST_SCHEMA = pa.schema(
         ("host_mem_used_bytes", pa.float64()),
         ("host_mem_total_bytes", pa.float64()),
         ("host_cpu_frac", pa.float64()),
+        ("host_cpu_count", pa.int64()),
     ]
 )
 

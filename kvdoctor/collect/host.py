@@ -7,7 +7,8 @@ the process and all its descendants (vLLM's engine core and workers, ...):
 * ``server_cpu_cores``: change of the tree's CPU seconds (user + system, plus the children_* times
   of reaped children, so short-lived helpers count) over wall time; None on the first collect
 * ``server_rss_bytes``: the sum of the tree's RSS (shared pages count once per process)
-* ``host_mem_used_bytes``: total - available; ``host_cpu_frac``: busy share of all CPUs since the last collect
+* ``host_mem_used_bytes``: total - available; ``host_cpu_frac``: busy share of all CPUs since the last collect;
+  ``host_cpu_count``: logical CPUs (so the cores other processes took can be told from the server's)
 
 When the server's process goes away the collect raises SourceUnavailable carrying the host-only
 HostSample (and, the first time, a ``server-down`` Event); with a port the server is looked up again
@@ -46,7 +47,7 @@ class HostCollector:
         ps = self._ps
         vm = ps.virtual_memory()
         host = dict(host_mem_used_bytes=int(vm.total - vm.available), host_mem_total_bytes=int(vm.total),
-                    host_cpu_frac=self._host_cpu())
+                    host_cpu_frac=self._host_cpu(), host_cpu_count=self._cpu_count())
         if self.pid is None and self.port is None:
             return [HostSample(time_s=now_s, **host)]
         try:
@@ -90,6 +91,10 @@ class HostCollector:
         out.insert(0, HostSample(time_s=now_s, server_cpu_cores=cores, server_rss_bytes=rss, server_pid=proc.pid,
                                  **host))
         return out
+
+    def _cpu_count(self) -> int | None:
+        count = getattr(self._ps, "cpu_count", None)
+        return count() if count else None
 
     def _host_cpu(self) -> float | None:
         t = self._ps.cpu_times()

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -52,6 +53,7 @@ class Scenario:
     server_args: tuple[str, ...] = ()
     engine_config: dict = field(default_factory=dict)
     vllm: dict = field(default_factory=dict)  # VllmServer keyword arguments (--engine vllm)
+    cpu_hogs: int = 0  # busy-loop processes beside the server for the whole load (a contended host)
 
 
 def _mix(short: list, long_: list, every: int) -> list:
@@ -107,6 +109,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("healthy-again", "the healthy scenario run a second time: compare must find no significant change",
              (Phase(lambda: _fixed(loadgen.short_prompts(40, max_tokens=24)), concurrency=2, arrival_rate_per_s=1.5),),
              expect=None, n_ctx=4096, parallel=2),
+    Scenario("busy-host", "the healthy load (60 requests) while two other processes spin on the host's cores: "
+             "decode steps stall for a core; kvdoctor must blame the host, not the workload",
+             (Phase(lambda: _fixed(loadgen.short_prompts(60, max_tokens=24, seed=11)), concurrency=2, arrival_rate_per_s=1.5),),
+             expect="decode-stall-tail", n_ctx=4096, parallel=2, cpu_hogs=2),
     Scenario("parallel-8", "the same open-loop load on 8 slots: decodes share the CPU, TPOT high, little queueing",
              (Phase(lambda: _fixed(loadgen.short_prompts(48, max_tokens=48, seed=9)), concurrency=16, arrival_rate_per_s=4.0),),
              expect=None, n_ctx=8 * 1024, parallel=8),  # a compare pair: too short for the rules' hold times
@@ -224,6 +230,18 @@ class AttachedAgent:
         self.thread.join(60)
 
 
+@contextlib.contextmanager
+def _hogs(n: int):
+    """``n`` processes that spin on a core each: other work on the server's host."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def run(scenario: Scenario, out: Path, *, log=print, engine: str = "llamacpp", server=None,
         on_attach=None) -> list[loadgen.ClientTiming]:
     """Run one scenario; the capture lands in ``out`` with client-timings.jsonl beside it. ``server``:
@@ -233,7 +251,7 @@ def run(scenario: Scenario, out: Path, *, log=print, engine: str = "llamacpp", s
         shutil.rmtree(out)
     timings: list[loadgen.ClientTiming] = []
     with contextlib.nullcontext(server) if server is not None else make_server(scenario, engine) as srv:
-        with AttachedAgent(srv.url, out, srv.pid, engine_config(scenario, engine)) as att:
+        with AttachedAgent(srv.url, out, srv.pid, engine_config(scenario, engine)) as att, _hogs(scenario.cpu_hogs):
             if on_attach is not None:
                 on_attach(att.agent)
             for i, phase in enumerate(scenario.phases):
