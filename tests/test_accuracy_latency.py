@@ -247,3 +247,14 @@ def test_busy_host_is_named_as_the_host(tmp_path):
     # the same load without the busy loops: nothing to blame
     quiet = _whole(kvdoctor.load(SAMPLES / "healthy"))
     assert not quiet.value("host_other_cpu_frac") >= 0.25  # NaN (recorded before the CPU count) or low
+
+
+def test_trends_leave_out_requests_the_host_slowed():
+    """Requests that ran while other processes held the host (samples/busy-host: two busy loops
+    throughout) are marked contended and left out of per-turn latency trends; a capture without
+    the host's CPU count (samples/healthy, recorded before it) marks none."""
+    from kvdoctor.signals.host import contended
+
+    busy = _whole(kvdoctor.load(SAMPLES / "busy-host"))
+    assert contended(busy).mean() > 0.9
+    assert not contended(_whole(kvdoctor.load(SAMPLES / "healthy"))).any()

@@ -15,3 +15,34 @@ def host_other_cpu_frac(w):
     other = busy - server / np.where(count > 0, count, np.nan)
     other = other[np.isfinite(other)]
     return float(np.clip(np.median(other), 0.0, 1.0)) if len(other) else np.nan
+
+
+#: other processes' share of the host above which a request's latency is the host's, not the engine's
+CONTENDED_OTHER_FRAC = 0.25
+
+
+def contended(w) -> np.ndarray:
+    """Per request of the window: True when other processes held at least CONTENDED_OTHER_FRAC of
+    the host while it ran (host samples nearest its arrival, midpoint and finish). False where the
+    capture has no such samples. Trends through a run (growth per turn) leave these requests out:
+    contention only adds time, so it bends a trend the KV cache did not make."""
+    key = "host_contended"
+    if key in w._cache:
+        return w._cache[key]
+    out = np.zeros(w.n_requests, dtype=bool)
+    prep = w.prep
+    if len(prep.host_t):
+        host = prep.cap.host
+        other = host.num("host_cpu_frac") - host.num("server_cpu_cores") / host.num("host_cpu_count")
+        ok = np.isfinite(prep.host_t) & np.isfinite(other)
+        ht, other = prep.host_t[ok], other[ok]
+        if len(ht):
+            order = np.argsort(ht)
+            ht, other = ht[order], other[order]
+            start, end = w.r("arrival_s"), w.r("finish_s")
+            end = np.where(np.isfinite(end), end, start)
+            for x in (start, (start + end) / 2, end):
+                i = np.clip(np.searchsorted(ht, np.nan_to_num(x, nan=-np.inf)), 0, len(ht) - 1)
+                out |= np.isfinite(x) & (other[i] >= CONTENDED_OTHER_FRAC)
+    w._cache[key] = out
+    return out

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .host import contended
 from .registry import fit, signal
 
 MIN_PER_TURN = 3
@@ -11,9 +12,12 @@ MIN_PER_TURN = 3
 def _turn_medians(w, column: str) -> tuple[np.ndarray, np.ndarray]:
     """Median of `column` per turn number, for turns with enough requests: MIN_PER_TURN, or
     every conversation's when fewer are in the window (one conversation at a time is a
-    legitimate workload: each turn then has one request)."""
+    legitimate workload: each turn then has one request). Latencies of requests that ran while
+    other processes held the host are left out (signals/host.py)."""
     turn, v = w.r("turn"), w.r(column)
     m = np.isfinite(turn) & np.isfinite(v)
+    if column != "prompt_tokens":  # a latency: not while other processes held the host
+        m &= ~contended(w)
     n_sessions = w.value("sessions")  # 0 when the capture has no conversation ids
     need = int(min(MIN_PER_TURN, n_sessions)) if n_sessions >= 1 else MIN_PER_TURN
     if m.sum() < 2 * need:
@@ -52,10 +56,18 @@ def ttft_growth(w):
     return _growth_per_turn(w, "ttft_s")
 
 
+def _decode_step(w) -> str:
+    """The per-token decode time a longer history slows: each request's median inter-token gap
+    where the capture has it (a mean, TPOT also carries the stalls other requests' prefills put
+    into the steps, and those follow the load, not the history), else TPOT."""
+    return "itl_p50_s" if np.isfinite(w.r("itl_p50_s")).sum() >= max(w.n_requests / 2, 1) else "tpot_s"
+
+
 @signal("tpot_growth_per_turn_frac", "fraction/turn")
 def tpot_growth(w):
-    """TPOT added per turn, as a share of turn 1's median TPOT."""
-    return _growth_per_turn(w, "tpot_s")
+    """Per-token decode time added per turn (median inter-token gap where measured, else TPOT),
+    as a share of turn 1's."""
+    return _growth_per_turn(w, _decode_step(w))
 
 
 @signal("context_tokens_per_turn", "tokens/turn")
@@ -69,8 +81,9 @@ def context_growth(w):
 
 @signal("turn_tpot_corr", "rank corr")
 def turn_tpot_corr(w):
-    """Rank correlation of per-turn median TPOT with turn number."""
-    turns, meds = _turn_medians(w, "tpot_s")
+    """Rank correlation of the per-turn median decode time per token (as tpot_growth_per_turn_frac)
+    with turn number."""
+    turns, meds = _turn_medians(w, _decode_step(w))
     return fit(turns, meds, min_n=4)[1] if len(turns) >= 4 else np.nan
 
 
