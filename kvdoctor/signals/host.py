@@ -6,13 +6,19 @@ import numpy as np
 from .registry import signal
 
 
+def _other_cpu_frac(col) -> np.ndarray:
+    """Per host sample (``col``: a column getter): the host's busy share minus the server tree's
+    cores over the CPU count."""
+    count = col("host_cpu_count")
+    return col("host_cpu_frac") - col("server_cpu_cores") / np.where(count > 0, count, np.nan)
+
+
 @signal("host_other_cpu_frac", "fraction")
 def host_other_cpu_frac(w):
     """Median share of the host's CPUs busy with processes other than the server's tree
     (host busy share minus the server's cores over the host's CPU count). High: the engine's
     threads wait for a core, and its decode steps stall for reasons outside the engine."""
-    busy, server, count = w.host_col("host_cpu_frac"), w.host_col("server_cpu_cores"), w.host_col("host_cpu_count")
-    other = busy - server / np.where(count > 0, count, np.nan)
+    other = _other_cpu_frac(w.host_col)
     other = other[np.isfinite(other)]
     return float(np.clip(np.median(other), 0.0, 1.0)) if len(other) else np.nan
 
@@ -32,8 +38,7 @@ def contended(w) -> np.ndarray:
     out = np.zeros(w.n_requests, dtype=bool)
     prep = w.prep
     if len(prep.host_t):
-        host = prep.cap.host
-        other = host.num("host_cpu_frac") - host.num("server_cpu_cores") / host.num("host_cpu_count")
+        other = _other_cpu_frac(prep.cap.host.num)
         ok = np.isfinite(prep.host_t) & np.isfinite(other)
         ht, other = prep.host_t[ok], other[ok]
         if len(ht):
