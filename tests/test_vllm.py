@@ -412,7 +412,10 @@ class TestTinyKvCache:
         # now" (0 s) while requests waited for blocks, though block-granular usage stayed below
         # 100% most of that time (usage alone saw no growth to forecast)
         t_w, forecast_s, usage = seen.T
-        assert len(seen) >= 50, seen
+        # a reading every 0.2 s in principle; the watching thread shares a process (and its GIL)
+        # with the proxy, the agent and the client on two cores busy with vLLM: a fresh CI run got
+        # 24 in 70 s. Enough to see the forecast's first, "full" and later readings
+        assert len(seen) >= 10, seen
         full = forecast_s == 0
         assert full.any(), f"the forecast never said full: {np.unique(forecast_s[np.isfinite(forecast_s)])}"
         # nothing is known before the first live step (a gauge's default 0 would read "full now")

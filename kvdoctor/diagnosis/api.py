@@ -12,6 +12,7 @@ import numpy as np
 from ..capture import Capture
 from ..errors import InputError
 from ..signals import REGISTRY, Prepared
+from ..signals.window import READ_BURST_S
 from .coverage import NotEvaluated, context_limit, not_evaluated
 from .evaluate import Incident, Options, incidents
 from .rules import Rule, load_rules
@@ -137,6 +138,10 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
     warnings = list(capture.warnings) + warnings
     if not prep.arrivals_known:
         warnings.append(ARRIVALS_UNKNOWN)
+    if n_late := int(prep.read_late.sum()):
+        warnings.append(f"{n_late} of {len(prep.t)} streams were read in bursts (most chunks under "
+                        f"{READ_BURST_S * 1e3:g} ms apart: the recorder's process was starved of CPU); "
+                        "their TPOT and inter-token gaps are left out as not measured")
     return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, warnings, prep,
                      missing, limit, limit_source, arrivals_known=prep.arrivals_known)
 

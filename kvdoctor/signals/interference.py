@@ -65,7 +65,7 @@ def _build(prep) -> GapTable | None:
     offsets, values, order = prep.itl
     first = prep.col["first_token_s"]
     lengths = (offsets[1:] - offsets[:-1])[order]
-    keep = (lengths >= MIN_GAPS_PER_REQUEST) & np.isfinite(first)
+    keep = (lengths >= MIN_GAPS_PER_REQUEST) & np.isfinite(first) & ~prep.read_late
     rows_kept = np.flatnonzero(keep)
     if not len(rows_kept):
         return None

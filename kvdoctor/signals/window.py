@@ -28,6 +28,11 @@ REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
                    "baseline_agreement_frac", "baseline_output_repetition")
 
 
+#: an inter-chunk gap below this is a reading artefact, not a decode step (see Prepared._read_late)
+READ_BURST_S = 0.001
+READ_BURST_MIN_GAPS = 3
+
+
 class Prepared:
     """A capture sorted by time with the per-request columns signals share."""
 
@@ -72,6 +77,12 @@ class Prepared:
         self._order = order
         self._session: np.ndarray | None = None
         self.itl = self._itl_lists(req, order)
+        #: streams the recorder read in bursts (most gaps under READ_BURST_S): its own process
+        #: was starved, so their decode timings are the reader's, not the engine's, and are unknown
+        self.read_late = self._read_late()
+        if self.read_late.any():
+            for name in ("tpot_s", "itl_p50_s", "itl_p99_s", "itl_max_s"):
+                self.col[name] = np.where(self.read_late, np.nan, self.col[name])
         self.gpu = cap.gpu if len(cap.gpu) else gpu_from_engine(cap)
         self.gpu_t = self.gpu.num("time_s")
         self.host_t = cap.host.num("time_s")
@@ -165,6 +176,21 @@ class Prepared:
         cached = np.where(np.isnan(prompt), cached, np.minimum(cached, prompt))
         cached[~has] = np.nan
         return cached[order]
+
+    def _read_late(self) -> np.ndarray:
+        """Per request in arrival order: True when more than half of its inter-chunk gaps (at
+        least READ_BURST_MIN_GAPS) are under READ_BURST_S. No engine emits streamed tokens that
+        fast one chunk each (a decode step is milliseconds even for a tiny model on an H200);
+        gaps that short mean the chunks sat in a socket buffer until a starved reader (the
+        proxy, or a benchmark client) got a core, and were stamped together."""
+        n = len(self.t)
+        if self.itl is None or n == 0:
+            return np.zeros(n, dtype=bool)
+        offsets, values, order = self.itl
+        counts = np.diff(offsets)
+        short = np.concatenate(([0], np.cumsum(values < READ_BURST_S)))[offsets]
+        late = (counts >= READ_BURST_MIN_GAPS) & (np.diff(short) > counts / 2)
+        return late[order]
 
     def _itl_lists(self, req, order: np.ndarray):
         lists = req.lists("itl_s")
@@ -382,7 +408,7 @@ class Window:
         if self.prep.itl is None:
             return np.array([])
         offsets, values, order = self.prep.itl
-        rows = order[self.req]
+        rows = order[self.req][~self.prep.read_late[self.req]]
         if len(rows) == 0:
             return np.array([])
         return np.concatenate([values[offsets[i]:offsets[i + 1]] for i in rows])
