@@ -60,14 +60,14 @@ class RequestRecord:
     baseline_agreement_frac: float | None = None
     baseline_output_repetition: float | None = None
     #: only when the user asked for text to be stored (--store-text)
-    prompt_text: str | None = None
-    output_text: str | None = None
+    prompt_text: str | None = field(default=None, metadata={"column": None})  # never loaded into columns
+    output_text: str | None = field(default=None, metadata={"column": None})
 
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     time_s: float
-    gpu_index: int
+    gpu_index: int = field(metadata={"column": "int64"})
     name: str | None = None
     uuid: str | None = None
     mem_used_bytes: int | None = None
@@ -91,12 +91,12 @@ class HostSample:
     #: CPU of the server's process tree, in cores (1.0 = one core busy)
     server_cpu_cores: float | None = None
     server_rss_bytes: int | None = None
-    server_pid: int | None = None
+    server_pid: int | None = field(default=None, metadata={"column": "int64"})
     host_mem_used_bytes: int | None = None
     host_mem_total_bytes: int | None = None
     host_cpu_frac: float | None = None
     #: logical CPUs of the host: host_cpu_frac x this - server_cpu_cores = cores other processes took
-    host_cpu_count: int | None = None
+    host_cpu_count: int | None = field(default=None, metadata={"column": "int64"})
 
 
 @dataclass(frozen=True, slots=True)

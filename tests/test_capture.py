@@ -37,6 +37,25 @@ def test_round_trip_and_derivation(tmp_path):
     assert cap.events[0]["kind"] == "server-restart"
 
 
+def test_every_record_field_is_read_as_written(tmp_path):
+    """The reader's columns are derived from the record dataclasses (declared once): every
+    field but the opt-in text comes back, GpuSample.uuid and HostSample.host_cpu_count included."""
+    import dataclasses
+
+    from kvdoctor.capture.reader import SCHEMAS
+    from kvdoctor.model import HostSample
+
+    for kind, record in (("requests", RequestRecord), ("gpu", GpuSample), ("host", HostSample)):
+        fields = [f.name for f in dataclasses.fields(record) if f.name not in ("prompt_text", "output_text")]
+        assert SCHEMAS[kind].names == fields, kind
+    with CaptureWriter(tmp_path / "c", CaptureMeta()) as w:
+        w.write(GpuSample(time_s=1.0, gpu_index=3, uuid="GPU-1234", mem_used_bytes=5))
+        w.write(HostSample(time_s=1.0, server_pid=42, host_cpu_count=16, host_cpu_frac=0.5))
+    cap = kvdoctor.load(tmp_path / "c")
+    assert cap.gpu.strings("uuid") == ["GPU-1234"] and cap.gpu.num("gpu_index").tolist() == [3.0]
+    assert cap.host.num("host_cpu_count").tolist() == [16.0] and cap.host.num("server_pid").tolist() == [42.0]
+
+
 def test_derive_request_never_overwrites():
     r = derive_request(RequestRecord(request_id="x", arrival_s=0, first_token_s=1, ttft_s=0.7, itl_s=[0.1, 0.3]))
     assert r.ttft_s == 0.7 and r.itl_max_s == 0.3 and r.tpot_s == pytest.approx(0.2)

@@ -22,72 +22,28 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from ..errors import InputError
-from ..model import FORMAT_VERSION, CaptureMeta, SourceStatus
+from ..model import FORMAT_VERSION, CaptureMeta, GpuSample, HostSample, RequestRecord, SourceStatus
 
-REQUEST_SCHEMA = pa.schema(
-    [
-        ("request_id", pa.string()),
-        ("arrival_s", pa.float64()),
-        ("first_token_s", pa.float64()),
-        ("finish_s", pa.float64()),
-        ("ttft_s", pa.float64()),
-        ("tpot_s", pa.float64()),
-        ("itl_s", pa.list_(pa.float64())),
-        ("itl_p50_s", pa.float64()),
-        ("itl_p99_s", pa.float64()),
-        ("itl_max_s", pa.float64()),
-        ("e2e_s", pa.float64()),
-        ("queue_s", pa.float64()),
-        ("prefill_s", pa.float64()),
-        ("decode_s", pa.float64()),
-        ("prompt_tokens", pa.float64()),
-        ("output_tokens", pa.float64()),
-        ("cached_prompt_tokens", pa.float64()),
-        ("session_id", pa.string()),
-        ("turn", pa.float64()),
-        ("prefix_block_hashes", pa.list_(pa.int64())),
-        ("prefix_block_tokens", pa.float64()),
-        ("status", pa.string()),
-        ("error", pa.string()),
-        ("http_status", pa.float64()),
-        ("model", pa.string()),
-        ("server", pa.string()),
-        ("trace_id", pa.string()),
-        ("output_repetition", pa.float64()),
-        ("baseline_agreement_frac", pa.float64()),
-        ("baseline_output_repetition", pa.float64()),
-    ]
-)
+#: how a field's annotation is read into a column: counts as float64 (NaN for missing); a field's
+#: ``metadata["column"]`` overrides ("int64" for ids and indexes, None: written, never loaded)
+_ARROW = {"str": pa.string(), "float": pa.float64(), "int": pa.float64(), "int64": pa.int64(),
+          "list[float]": pa.list_(pa.float64()), "list[int]": pa.list_(pa.int64())}
 
-GPU_SCHEMA = pa.schema(
-    [
-        ("time_s", pa.float64()),
-        ("gpu_index", pa.int64()),
-        ("name", pa.string()),
-        ("mem_used_bytes", pa.float64()),
-        ("mem_total_bytes", pa.float64()),
-        ("sm_util_frac", pa.float64()),
-        ("mem_util_frac", pa.float64()),
-        ("dram_bw_util_frac", pa.float64()),
-        ("power_w", pa.float64()),
-        ("sm_clock_mhz", pa.float64()),
-        ("mem_clock_mhz", pa.float64()),
-        ("server_proc_mem_bytes", pa.float64()),
-    ]
-)
 
-HOST_SCHEMA = pa.schema(
-    [
-        ("time_s", pa.float64()),
-        ("server_cpu_cores", pa.float64()),
-        ("server_rss_bytes", pa.float64()),
-        ("server_pid", pa.int64()),
-        ("host_mem_used_bytes", pa.float64()),
-        ("host_mem_total_bytes", pa.float64()),
-        ("host_cpu_frac", pa.float64()),
-        ("host_cpu_count", pa.int64()),
-    ]
-)
+def schema_of(record: type) -> pa.Schema:
+    """The Arrow schema of a record dataclass in kvdoctor.model: declared once, read as written."""
+    cols = []
+    for f in dataclasses.fields(record):
+        kind = f.metadata.get("column", "auto")
+        if kind is None:
+            continue
+        cols.append((f.name, _ARROW[f.type.split(" | ")[0] if kind == "auto" else kind]))
+    return pa.schema(cols)
+
+
+REQUEST_SCHEMA = schema_of(RequestRecord)
+GPU_SCHEMA = schema_of(GpuSample)
+HOST_SCHEMA = schema_of(HostSample)
 
 SCHEMAS = {"requests": REQUEST_SCHEMA, "gpu": GPU_SCHEMA, "host": HOST_SCHEMA}
 
