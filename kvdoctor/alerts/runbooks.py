@@ -2,7 +2,7 @@
 from the rule files so that a runbook never drifts from the rule it explains."""
 from __future__ import annotations
 
-from ..report.summary import ENGINE_LABEL
+from ..engines.labels import ENGINE_LABEL
 from .export import EXTRAS, camel
 
 SERVER_DOWN = """## server-down

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..units import printable  # noqa: F401  (commands import it from here)
+
 
 @contextlib.contextmanager
 def progress_callback(desc: str, unit: str = "it") -> Iterator[Callable[[int, int], None] | None]:
@@ -33,15 +35,6 @@ def progress_callback(desc: str, unit: str = "it") -> Iterator[Callable[[int, in
 
 #: C0 controls but tab and newline, DEL and C1 controls: bytes from a capture, a trace file or an
 #: upstream that a terminal would act on (colour, cursor moves, title changes, ...)
-_CONTROL = {c: None for c in [*range(0, 9), *range(11, 32), *range(127, 160)]}
-
-
-def printable(text: str) -> str:
-    """``text`` without the control characters a terminal would execute (tab and newline kept).
-    JSON output is unaffected: JSON encoders escape control characters inside strings."""
-    return text.translate(_CONTROL)
-
-
 def write_out(text: str, output: str | None) -> None:
     """A command's result: to the --output file when given, else to standard output; control
     characters from the data never reach a terminal (nor a file someone will cat)."""

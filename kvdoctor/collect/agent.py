@@ -288,7 +288,7 @@ class Agent:
     def _announce(self, what: str, inc: LiveIncident) -> None:
         from ..report.summary import live_incident_text
 
-        from ..cli.common import printable
+        from ..units import printable
 
         text = live_incident_text(inc, what, self.writer.meta.engine)
         log.warning("%s", printable(text))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..report.summary import duration_text, fmt
+from ..units import duration_text, fmt
 from . import measures
 from .verdict import change_text
 from .workload import Check

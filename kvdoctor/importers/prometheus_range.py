@@ -29,7 +29,7 @@ OPTIONS = {
 
 
 def read(paths: list[Path], options: dict[str, Any]) -> Imported:
-    from ..cli.fleet_options import fetch_from_options
+    from ..fleet.source import fetch_from_options
     from ..fleet.fleet import meta_for, records
 
     unknown = set(options) - set(OPTIONS)

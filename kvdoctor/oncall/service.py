@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import InputError
-from ..report.summary import duration_text
+from ..units import duration_text
 from ..timeparse import epoch_or_iso
 from .diagnose import Result, Setup, diagnose_instance
 

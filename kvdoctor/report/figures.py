@@ -28,7 +28,7 @@ from plotly.subplots import make_subplots
 from ..diagnosis import Diagnosis
 from ..signals import Prepared
 from ..signals.registry import fit
-from .summary import fmt
+from ..units import duration_text, fmt
 
 #: SLOs drawn on the charts when the user gave none (``--slo`` overrides each); the Grafana
 #: dashboards in dashboards/ use the same numbers as thresholds. Drawing only: diagnosis uses
@@ -371,7 +371,7 @@ def latency_chart(diag: Diagnosis, prep: Prepared) -> Chart:
     w = whole(prep, diag)
     cap = " · ".join(f"{n} {fmt(w.value(n), 's')}" for n in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p99_s")
                      if math.isfinite(w.value(n)))
-    cap = (f"Percentiles per {fmt(width, 's') if width < 1 else _dur(width)} bucket; whole capture: {cap}. "
+    cap = (f"Percentiles per {fmt(width, 's') if width < 1 else duration_text(width)} bucket; whole capture: {cap}. "
            "Dashed: SLO lines. Shaded: incidents.") if cap else "Shaded: incidents."
     return Chart("latency", title, fig, cap, notes)
 
@@ -392,14 +392,6 @@ def _slo_line(fig: go.Figure, value: float, scale: float, data_max: float, label
         return
     fig.add_hline(y=y, line={"color": SLO_COLOR, "dash": "dash", "width": 1.2}, annotation_text=text,
                   annotation_position="top right", annotation_font={"size": 10, "color": SLO_COLOR}, **where)
-
-
-def _dur(s: float) -> str:
-    if s < 60:
-        return f"{s:.0f} s"
-    if s < 3600:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.0f} h"
 
 
 def _itl_percentiles(prep: Prepared, start_s: float, width: float, nb: int) -> dict[int, np.ndarray] | None:
@@ -717,7 +709,7 @@ def bandwidth_chart(diag: Diagnosis, prep: Prepared) -> Chart:
     fig.update_yaxes(title_text=f"TPOT ({unit})", rangemode="tozero")
     _base_layout(fig, 400, hovermode="closest")
     w = whole(prep, diag)
-    cap = (f"One point per {_dur(width)} bucket ({int(ok.sum())} buckets); colour runs with time. "
+    cap = (f"One point per {duration_text(width)} bucket ({int(ok.sum())} buckets); colour runs with time. "
            f"Whole capture: bandwidth P50 {fmt(w.value('mem_bw_util_p50'), 'fraction')}, "
            f"P90 {fmt(w.value('mem_bw_util_p90'), 'fraction')}.")
     return Chart("bandwidth", title, fig, cap)
@@ -905,7 +897,7 @@ def errors_chart(diag: Diagnosis, prep: Prepared, top: int = 8) -> Chart:
         table_rows.append(("(no message)", missing, f"{missing / max(int(err.sum()), 1):.0%}"))
     w = whole(prep, diag)
     cap = (f"{int(err.sum()):,} of {len(err):,} requests failed ({fmt(w.value('error_rate'), 'fraction')}); worst minute "
-           f"{fmt(w.value('error_rate_max_1m'), 'fraction')}. Bars: failed requests per {_dur(width)}; line: error rate.")
+           f"{fmt(w.value('error_rate_max_1m'), 'fraction')}. Bars: failed requests per {duration_text(width)}; line: error rate.")
     return Chart("errors", title, fig, cap, table=(("error message", "requests", "share"), table_rows))
 
 

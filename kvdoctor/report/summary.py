@@ -5,37 +5,9 @@ from __future__ import annotations
 import math
 
 from ..diagnosis import Diagnosis, Incident
+from ..engines.labels import ENGINE_KNOB, ENGINE_LABEL  # noqa: F401  (renderers import them from here)
 from ..signals import REGISTRY
-
-ENGINE_KNOB = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "llamacpp": "llamacpp", "llama.cpp": "llamacpp",
-               "trtllm": "trtllm", "tensorrt-llm": "trtllm", "triton": "trtllm"}
-ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llamacpp": "llama.cpp", "trtllm": "TensorRT-LLM", "any": "any engine"}
-
-
-def fmt(value: float | None, unit: str) -> str:
-    """A signal value in the unit people read it in."""
-    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
-        return "n/a"
-    if unit == "s":
-        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
-    if unit in ("fraction",):
-        return f"{value * 100:.0f}%"
-    if unit == "fraction/turn":
-        return f"{value * 100:+.1f}%/turn"
-    if unit == "fraction/min":
-        return f"{value * 100:+.1f}%/min"
-    if unit == "bytes":
-        return f"{value / 2**30:.2f} GiB"
-    if unit == "bool":
-        return "yes" if value else "no"
-    if unit in ("count", "requests", "turns", "tokens"):
-        return f"{value:,.0f}" + ("" if unit == "count" else f" {unit}")
-    if unit == "rank corr":
-        return f"{value:.2f} (rank corr)"
-    if unit == "ratio":
-        return f"{value:.1f}x"
-    return f"{value:,.2f} {unit}"
-
+from ..units import duration_text, fmt  # noqa: F401  (one formatter for every renderer)
 
 def _measured(v: float | None) -> bool:
     return v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
@@ -114,15 +86,6 @@ def _not_evaluated(diag: Diagnosis) -> list[str]:
 
     line = not_evaluated_line(getattr(diag, "not_evaluated", []))
     return [line] if line else []
-
-
-def duration_text(s: float) -> str:
-    """A span for people: '45 s', '12.5 min', '3.2 h' (text, report and compare pages)."""
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
 
 
 def _when(diag: Diagnosis, inc: Incident) -> str:
