@@ -1,5 +1,5 @@
 """The Grafana dashboards in dashboards/: valid dashboard JSON, and every PromQL query names
-only metrics that kvdoctor (kvdoctor.exported) or an engine (kvdoctor.engines tables) exports."""
+only metrics that kvdoctor (kvdoctor.sidecar.exported) or an engine (kvdoctor.engines tables) exports."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvdoctor.engines import NEUTRAL, TABLES
-from kvdoctor.exported import METRICS, NAMES
+from kvdoctor.sidecar.exported import METRICS, NAMES
 from kvdoctor.report.figures import DEFAULT_SLO
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_queries_name_only_exported_metrics(path):
     seen: set[str] = set()
     for where, expr in _exprs(dash):
         for name in metric_names(expr):
-            assert known(name), (f"{path.name}: {where}: {name!r} is neither a kvdoctor metric (kvdoctor/exported.py) "
+            assert known(name), (f"{path.name}: {where}: {name!r} is neither a kvdoctor metric (kvdoctor/sidecar/exported.py) "
                                  f"nor an engine wire name (kvdoctor/engines/*.py): {expr}")
             seen.add(name)
     # side by side: each of the three engines and kvdoctor itself

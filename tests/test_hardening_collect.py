@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import kvdoctor
-from kvdoctor.collect.agent import Agent, AttachConfig
+from kvdoctor.sidecar.agent import Agent, AttachConfig
 from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.scrape import MAX_BODY_BYTES, ScrapeCollector
 from kvdoctor.testing.llama_server import free_port

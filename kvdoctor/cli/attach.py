@@ -129,7 +129,7 @@ def command(server_url, proxy, otlp_receiver, otlp_grpc_receiver, capture_dir, l
       kvdoctor attach --server http://vllm:8000 --otlp-receiver 127.0.0.1:4318 --slo ttft_p99=2s \\
           --webhook https://hooks.slack.com/services/...
     """
-    from ..collect.agent import EXIT_CAPTURE_INCOMPLETE, Agent, AttachConfig, exit_promptly, host_port
+    from ..sidecar.agent import EXIT_CAPTURE_INCOMPLETE, Agent, AttachConfig, exit_promptly, host_port
     from ..diagnosis import Options, load_rules, parse_slo
     from ..diagnosis.rules import parse_duration
 

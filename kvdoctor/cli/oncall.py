@@ -47,7 +47,7 @@ def command(prometheus, listen, forward, token, public_url, bearer_token, prom_t
 
     from aiohttp import web
 
-    from ..collect.agent import host_port
+    from ..sidecar.agent import host_port
     from ..diagnosis import load_rules, parse_slo
     from ..oncall.diagnose import Setup
     from ..oncall.service import OnCall, make_app

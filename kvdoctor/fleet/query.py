@@ -21,7 +21,7 @@ from ..errors import InputError
 from .. import timeparse
 from ..timeparse import epoch_or_iso
 
-#: kvdoctor sidecars' own metrics (kvdoctor/exported.py) the fleet view reads
+#: kvdoctor sidecars' own metrics (kvdoctor/sidecar/exported.py) the fleet view reads
 SIDECAR = ("kvdoctor_info", "kvdoctor_incident_active", "kvdoctor_kv_usage_ratio", "kvdoctor_server_up",
            "kvdoctor_gpu_memory_used_bytes", "kvdoctor_gpu_memory_total_bytes", "kvdoctor_gpu_memory_bandwidth_ratio")
 

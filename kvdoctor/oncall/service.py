@@ -252,7 +252,7 @@ def make_app(oncall: OnCall, token: str | None = None):
     import orjson
     from aiohttp import web
 
-    from ..serve import bearer_auth
+    from ..sidecar.serve import bearer_auth
 
     def dumps(o):
         return orjson.dumps(o).decode()

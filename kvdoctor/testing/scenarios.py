@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import orjson
 
-from ..collect.agent import Agent, AttachConfig
+from ..sidecar.agent import Agent, AttachConfig
 from ..collect.host import HostCollector
 from ..collect.scrape import ScrapeCollector
 from ..diagnosis import Options, load_rules

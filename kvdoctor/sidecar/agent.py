@@ -29,8 +29,8 @@ from ..diagnosis import Options, Rule
 from ..errors import InputError
 from ..diagnosis.live import LiveDiagnoser, LiveIncident
 from ..model import CaptureMeta, EngineSample, Event, GpuSample, RequestRecord
-from ..serve import Metrics, make_app
-from .base import PolledCollector, SourceUnavailable
+from .serve import Metrics, make_app
+from ..collect.base import PolledCollector, SourceUnavailable
 
 log = logging.getLogger("kvdoctor.attach")
 
@@ -357,21 +357,21 @@ class Agent:
                            self.report_html, self.cfg.token)
             await self._site(web, app, host, port, "endpoints")
         if self.cfg.proxy:
-            from .proxy import make_proxy_app
+            from ..collect.proxy import make_proxy_app
 
             host, port = host_port(self.cfg.proxy, 9000, "--proxy")
-            from .proxy import PROXY_KEY
+            from ..collect.proxy import PROXY_KEY
 
             app = make_proxy_app(self.cfg.server_url, self, store_text=self.cfg.store_text)
             self._proxy = app[PROXY_KEY]
             await self._site(web, app, host, port, "proxy")
         if self.cfg.otlp_receiver:
-            from .otlp_receiver import make_app as make_receiver
+            from ..collect.otlp_receiver import make_app as make_receiver
 
             host, port = host_port(self.cfg.otlp_receiver, 4318, "--otlp-receiver")
             await self._site(web, make_receiver(self), host, port, "otlp")
         if self.cfg.otlp_grpc_receiver:
-            from .otlp_grpc import DEFAULT_PORT, start_grpc_receiver
+            from ..collect.otlp_grpc import DEFAULT_PORT, start_grpc_receiver
 
             host, port = host_port(self.cfg.otlp_grpc_receiver, DEFAULT_PORT)
             self._grpc, _, bound = await start_grpc_receiver(self, host, port)

@@ -1,6 +1,6 @@
 """The sidecar's own HTTP endpoints: /healthz, /metrics, /incidents, /report.
 
-Metrics are prometheus-client objects made from the table in kvdoctor/exported.py, on a
+Metrics are prometheus-client objects made from the table in kvdoctor/sidecar/exported.py, on a
 registry of our own (so tests and several agents in one process do not collide).
 """
 from __future__ import annotations
