@@ -60,6 +60,13 @@ def stall_figures(w: Window) -> dict:
             "chunk_tokens_now": float(np.percentile(g.prefill_tokens[hit], 90)) if hit.any() else 0.0}
 
 
+def stall_with_budget_s(step_s: float, cost_s_per_token: float, budget_tokens: float, stall_now_s: float) -> float:
+    """A stalled decode gap under a prefill budget of `budget_tokens` per step: the plain step plus
+    the budget's prefill at the cost per token decode gaps show today, never more than today's.
+    Checked against a real vLLM pair (tests/test_advise.py: unchunked -> 256-token budget)."""
+    return min(step_s + budget_tokens * cost_s_per_token, stall_now_s) if math.isfinite(cost_s_per_token) else stall_now_s
+
+
 def chunked_prefill(split: PhaseSplit, st: dict, prompt_p99_tokens: float, on_cpu: bool = False) -> dict:
     """A per-step prefill budget C: a stall is at most C tokens' prefill; a prompt of P tokens
     then takes ceil(P / C) steps, each also running the decodes. C spans 512-2048 where the
@@ -85,7 +92,7 @@ def chunked_prefill(split: PhaseSplit, st: dict, prompt_p99_tokens: float, on_cp
         budgets = (max(chunk_now / 4, 16), max(chunk_now / 2, 32))
     assumptions.append(f"budget C from {budgets[0]:.0f} to {budgets[1]:.0f} tokens per step (today's stalled gaps "
                        f"carry up to ~{chunk_now:.0f})")
-    itl_after = [min(step + c * cost, p99) if math.isfinite(cost) else p99 for c in budgets]
+    itl_after = [stall_with_budget_s(step, cost, c, p99) for c in budgets]
     longest = prompt_p99_tokens if math.isfinite(prompt_p99_tokens) else 0.0
     ttft_extra = [max(math.ceil(longest / c) - math.ceil(longest / max(chunk_now, 1)), 0) * step for c in budgets]
     out = {
