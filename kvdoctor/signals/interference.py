@@ -198,6 +198,30 @@ def overlap_over_plain(w):
     return ratio(percentile(g.gap_s[hit], 50), percentile(g.gap_s[~hit], 50))
 
 
+@signal("itl_long_prefill_overlap_over_plain_p50", "ratio")
+def long_overlap_over_plain(w):
+    """The decode gap a running stream sits in at the typical moment of a long prompt's prefill
+    (uncached prompt at least max(4x the median uncached prompt, its P90); the median weighted by each
+    gap's duration) over the median plain gap. An engine that prefills a long prompt whole in
+    one step freezes each stream once, for the whole prefill: by count that gap is one of three
+    (the steps at the window's edges are plain) and the many short prompts' prefills pull the
+    all-prefills median back to a plain step; by time it is nearly all of the window."""
+    g = window_gaps(w)
+    if g is None:
+        return float("nan")
+    uncached = w.r("prompt_tokens") - np.nan_to_num(w.r("cached_prompt_tokens"))  # as prompt_max_tokens
+    uncached = uncached[np.isfinite(uncached)]
+    if len(uncached) < 5:
+        return float("nan")
+    p50, p90 = np.percentile(uncached, [50, 90])
+    long_, plain = g.prompt_max_tokens >= max(4 * p50, p90), ~_hit(g)
+    if long_.sum() < 5 or plain.sum() < 5:
+        return float("nan")
+    gaps = np.sort(g.gap_s[long_])
+    at = np.cumsum(gaps)
+    return ratio(float(gaps[np.searchsorted(at, at[-1] / 2)]), percentile(g.gap_s[plain], 50))
+
+
 @signal("short_tpot_long_inflight_ratio", "ratio")
 def short_tpot_long(w):
     """Median TPOT of short requests (prompt at most the median) whose decode overlapped a
