@@ -217,6 +217,18 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
     )
 
 
+@lru_cache(maxsize=None)
+def _builtin_rule(rule_id: str) -> Rule:
+    return load_rule(builtin_rules_dir() / f"{rule_id}.yaml")
+
+
+def builtin_params(rule_id: str) -> dict[str, float]:
+    """A shipped rule's params, for code that judges the same thing outside the rule engine
+    (`kvdoctor quality`'s verdict, the plan's KV warnings): rules/ID.yaml is the one source of
+    the thresholds, so the two cannot drift apart."""
+    return dict(_builtin_rule(rule_id).params)
+
+
 def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dict[str, float]]:
     """``RULE.PARAM=VALUE`` strings from the command line, by rule id."""
     out: dict[str, dict[str, float]] = {}
