@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 
 from .collect.textstats import repetition
+from .diagnosis.rules import builtin_params
 from .errors import InputError
 
 
@@ -125,15 +126,18 @@ def by_context(results: list[Comparison], buckets: int = 4) -> list[dict[str, An
     return rows
 
 
-def verdict(rows: list[dict[str, Any]], min_gap: float = 0.15) -> str:
+def verdict(rows: list[dict[str, Any]], params: dict[str, float] | None = None) -> str:
     """Degraded when, at the longest contexts, the candidate repeats itself much more than the
-    baseline or stops agreeing with it much earlier than at the shortest contexts."""
+    baseline or stops agreeing with it much earlier than at the shortest contexts. The margins
+    are the kv-quant-quality rule's (``min_repetition_gap``, ``min_agreement_drop``), so this
+    verdict and `kvdoctor diagnose` on the --capture judge alike; ``params`` overrides them."""
     if not rows:
         return "no data"
+    p = {**builtin_params("kv-quant-quality"), **(params or {})}
     long_, short = rows[-1], rows[0]
     rep_gap = (long_["candidate_repetition_p50"] or 0) - (long_["baseline_repetition_p50"] or 0)
     agree_drop = (short["agreement_p50"] or 0) - (long_["agreement_p50"] or 0)
-    if rep_gap >= min_gap or agree_drop >= 0.5:
+    if rep_gap >= p["min_repetition_gap"] or agree_drop >= p["min_agreement_drop"]:
         return (f"DEGRADED at long context: candidate repetition {long_['candidate_repetition_p50']:.2f} vs baseline "
                 f"{long_['baseline_repetition_p50']:.2f}; agreement {long_['agreement_p50']:.2f} vs {short['agreement_p50']:.2f} at short context")
     return "no degradation beyond noise"

@@ -3,6 +3,7 @@ real Prometheus scraping two real llama-servers, one overloaded on purpose."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import shutil
@@ -20,7 +21,8 @@ import pytest
 from kvdoctor.diagnosis import Options, load_rules
 from kvdoctor.errors import InputError
 from kvdoctor.fleet import PromClient, PromError, diagnose_fleet, fetch, from_capture
-from kvdoctor.fleet.fleet import FleetData, capture_for
+from kvdoctor.fleet.captures import capture_for
+from kvdoctor.fleet.fetch import FleetData
 from kvdoctor.fleet.query import Selectors, discovery_selectors, plan, selector_matchers, time_range
 from kvdoctor.model import EngineSample
 
@@ -77,6 +79,12 @@ def test_fleet_findings_replica_vs_fleet():
     allr = diagnose_fleet(_fleet({"a:1": 6, "b:1": 5, "c:1": 7}, {"a:1": 100, "b:1": 100, "c:1": 100}), rules, opts)
     f = [f for f in allr.findings if f["rule"] == "queueing-saturation"][0]
     assert f["scope"] == "fleet" and f["kind"] == "capacity" and f["instances"] == ["a:1", "b:1", "c:1"]
+    assert "lacks capacity" in f["summary"] and allr.per_instance["a:1"].incidents[0].causes[0].cause in f["summary"]
+    # what "on every replica" means is the rule's word (fleet.on_every_replica), not fleet code's
+    shared = [dataclasses.replace(r, fleet_everywhere="shared") if r.id == "queueing-saturation" else r for r in rules]
+    f = [f for f in diagnose_fleet(_fleet({"a:1": 6, "b:1": 5, "c:1": 7}, {"a:1": 100, "b:1": 100, "c:1": 100}),
+                                   shared, opts).findings if f["rule"] == "queueing-saturation"][0]
+    assert f["kind"] == "shared" and "lacks capacity" not in f["summary"] and "a cause they share" in f["summary"]
     # a big fleet: the sentence names a few healthy replicas and counts the rest; JSON keeps all
     many = {f"r{i}:1": 0 for i in range(12)} | {"a:1": 6}
     big = diagnose_fleet(_fleet(many, {k: (300 if k == "a:1" else 100) for k in many}), rules, opts)
@@ -208,6 +216,10 @@ def test_replica_far_from_its_peers_is_an_outlier_finding():
     assert f[0]["evidence"]["c:1"]["prefix_hit_rate_achieved"] == pytest.approx(0.03, abs=1e-3)
     assert f[0]["evidence"]["c:1"]["peers_median"] == pytest.approx(0.61, abs=1e-3)
     assert "prefix caching off" in f[0]["summary"]
+    # the comparison is the rule's (prefix-cache-ineffective's fleet.outlier): without it, none
+    bare = [dataclasses.replace(r, fleet_outlier=None) for r in rules]
+    assert not [f for f in diagnose_fleet(_prefix_fleet({"a:1": 0.61, "b:1": 0.58, "c:1": 0.03, "d:1": 0.63}), bare,
+                                          opts).findings if f["kind"] == "outlier"]
     # peers that differ a little, or a fleet with no baseline (two replicas), give nothing
     assert not [f for f in diagnose_fleet(_prefix_fleet({"a:1": 0.61, "b:1": 0.50, "c:1": 0.42}), rules, opts).findings
                 if f["kind"] == "outlier"]

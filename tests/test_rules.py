@@ -51,6 +51,34 @@ def test_schema_error_names_field(tmp_path):
         load_rule(p)
 
 
+def test_fleet_block_is_checked(tmp_path):
+    """A rule's fleet block (what it means on every replica, its peer outlier) is schema-checked
+    and its outlier signal must exist, like any condition's."""
+    good = {"signal": "ttft_p99_s", "direction": "high", "min_diff": 0.5, "min_ratio": 2.0, "meaning": "m", "check": "c"}
+    rule = load_rule(_rule_file(tmp_path, lambda d: d.__setitem__("fleet", {"on_every_replica": "capacity", "outlier": good})))
+    assert rule.fleet_everywhere == "capacity" and rule.fleet_outlier.signal == "ttft_p99_s"
+    assert load_rule(_rule_file(tmp_path, lambda d: d.pop("fleet", None))).fleet_everywhere == "shared"
+    with pytest.raises(RuleError, match=r"fleet\.outlier\.direction: 'up' is not one of"):
+        load_rule(_rule_file(tmp_path, lambda d: d.__setitem__("fleet", {"outlier": {**good, "direction": "up"}})))
+    with pytest.raises(RuleError, match=r"fleet\.outlier\.signal: unknown signal 'ttft_p999_s'"):
+        load_rule(_rule_file(tmp_path, lambda d: d.__setitem__("fleet", {"outlier": {**good, "signal": "ttft_p999_s"}})))
+
+
+def test_quality_verdict_judges_by_the_rules_margins():
+    """`kvdoctor quality`'s verdict and kv-quant-quality share their margins (the rule's params)."""
+    from kvdoctor.diagnosis.rules import builtin_params
+    from kvdoctor.quality import verdict
+
+    p = builtin_params("kv-quant-quality")
+    row = {"prompt_tokens_from": 0, "prompt_tokens_to": 1, "prompts": 2, "baseline_repetition_p50": 0.1,
+           "candidate_repetition_p50": 0.1}
+    drop = p["min_agreement_drop"]
+    assert verdict([{**row, "agreement_p50": 0.9}, {**row, "agreement_p50": 0.9 - drop}]).startswith("DEGRADED")
+    assert verdict([{**row, "agreement_p50": 0.9}, {**row, "agreement_p50": 0.9 - drop + 0.01}]).startswith("no degr")
+    assert verdict([{**row, "agreement_p50": 0.9}, {**row, "agreement_p50": 0.9 - drop}],
+                   {"min_agreement_drop": drop + 0.05}).startswith("no degr")
+
+
 def test_unparseable_condition(tmp_path):
     p = _rule_file(tmp_path, lambda d: d["causes"][0].__setitem__("when", "__import__('os').system('true')"))
     with pytest.raises(RuleError, match=r"causes\[0\]\.when: cannot read condition"):

@@ -75,7 +75,7 @@ def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, st
         lookback_s, auto_eval = auto_window(data.end_s - data.start_s, data.step_s, lookback_s)
         if step in (None, "auto"):
             eval_step_s = auto_eval
-    from ..fleet.fleet import thin_warnings
+    from ..fleet.fetch import thin_warnings
 
     data.warnings += [w for w in thin_warnings(data, lookback_s) if w not in data.warnings]
     for w in data.warnings:
@@ -90,7 +90,7 @@ def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, st
 
 def run_fleet(prometheus, selector, *args, fmt, output, **kwargs) -> None:
     """`kvdoctor diagnose --prometheus`: the fleet diagnosis as text or JSON."""
-    from ..fleet import render_text
+    from ..report.fleet_text import render_text
 
     fd = fleet_diagnosis(prometheus, selector, *args, **kwargs)
     if fmt == "json":

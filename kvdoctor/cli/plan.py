@@ -7,6 +7,7 @@ import click
 import orjson
 
 from ..errors import InputError
+from ..plan.kvmodel import KV_HEADROOM_FRAC
 
 
 @click.command("plan")
@@ -31,7 +32,7 @@ from ..errors import InputError
 @click.option("--block-size", type=click.IntRange(min=1), default=None,
               help="Tokens per KV block (page); sequences are rounded up to whole blocks. "
                    "[default: the capture's (vLLM cache_config_info), else 16]")
-@click.option("--headroom", type=click.FloatRange(0.0, 0.95), default=0.2, show_default=True,
+@click.option("--headroom", type=click.FloatRange(0.0, 0.95), default=KV_HEADROOM_FRAC, show_default=True,
               help="Share of the cache kept free when computing the safe concurrency.")
 @click.option("--from-capture", "capture", metavar="CAPTURE",
               help="Also size for the P95/P99 prompt+output length of this capture; its engine's KV bytes and "

@@ -45,6 +45,19 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class FleetOutlier:
+    """A replica far from its peers on ``signal`` (rule file's ``fleet.outlier``): by at least
+    ``min_diff`` in the signal's unit and ``min_ratio`` times (kvdoctor/fleet/outliers.py)."""
+    signal: str
+    direction: str  # "high" | "low"
+    min_diff: float
+    min_ratio: float
+    #: completes "One replica ...", and "... check <check>"
+    meaning: str
+    check: str
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     title: str
@@ -66,6 +79,9 @@ class Rule:
     path: Path | None = None
     #: "stable", or "experimental" while no real capture or public real data proves it fires
     status: str = "stable"
+    #: fired on every replica of a fleet: "capacity" (add replicas or shed load) or "shared"
+    fleet_everywhere: str = "shared"
+    fleet_outlier: FleetOutlier | None = None
 
     @property
     def experimental(self) -> bool:
@@ -196,6 +212,10 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
     impact = raw["symptom"].get("impact")
     if impact and impact not in known:
         raise _fail(path, rule_id, "symptom.impact", f"unknown signal {impact!r}")
+    fleet = raw.get("fleet") or {}
+    outlier = FleetOutlier(**fleet["outlier"]) if "outlier" in fleet else None
+    if outlier and outlier.signal not in known:
+        raise _fail(path, rule_id, "fleet.outlier.signal", f"unknown signal {outlier.signal!r}")
     try:
         for_s = parse_duration(raw.get("for", "0s"))
     except ValueError as e:
@@ -213,8 +233,21 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
         references=tuple(raw.get("references", [])),
         tests_fire=tuple(raw["tests"]["fire"]), tests_no_fire=tuple(raw["tests"]["no_fire"]),
         suppressed_by=tuple(raw.get("suppressed_by", [])), params=params, path=path,
-        status=raw.get("status", "stable"),
+        status=raw.get("status", "stable"), fleet_everywhere=fleet.get("on_every_replica", "shared"),
+        fleet_outlier=outlier,
     )
+
+
+@lru_cache(maxsize=None)
+def _builtin_rule(rule_id: str) -> Rule:
+    return load_rule(builtin_rules_dir() / f"{rule_id}.yaml")
+
+
+def builtin_params(rule_id: str) -> dict[str, float]:
+    """A shipped rule's params, for code that judges the same thing outside the rule engine
+    (`kvdoctor quality`'s verdict, the plan's KV warnings): rules/ID.yaml is the one source of
+    the thresholds, so the two cannot drift apart."""
+    return dict(_builtin_rule(rule_id).params)
 
 
 def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dict[str, float]]:

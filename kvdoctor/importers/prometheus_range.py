@@ -30,7 +30,7 @@ OPTIONS = {
 
 def read(paths: list[Path], options: dict[str, Any]) -> Imported:
     from ..fleet.source import fetch_from_options
-    from ..fleet.fleet import meta_for, records
+    from ..fleet.captures import meta_for, records
 
     unknown = set(options) - set(OPTIONS)
     if unknown:

@@ -7,7 +7,9 @@ import re
 from dataclasses import dataclass, field
 
 from ..fleet.client import PromClient
-from ..fleet.fleet import capture_for, engine_rules, fetch
+from ..fleet.captures import capture_for
+from ..fleet.diagnosis import engine_rules
+from ..fleet.fetch import fetch
 from ..fleet.query import Selectors
 
 

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kvmodel import KV_HEADROOM_FRAC
+
+# The estimator's own settings below (window, minimum points, minimum slope, thinning) are
+# numerics of the Theil-Sen fit, not judgements; the judgements are the rules': when a forecast
+# warns (kv-pressure-preemption's warn_within_min) and the headroom (kvmodel.KV_HEADROOM_FRAC).
+
 #: pairwise slopes are O(n^2); longer windows are thinned evenly to this many samples
 _MAX_POINTS = 300
 
@@ -102,7 +108,7 @@ class ConcurrencyCheck:
 
 
 def unsafe_concurrency(max_concurrency: int, p99_len_tokens: float, capacity_tokens: float,
-                       headroom: float = 0.2) -> ConcurrencyCheck:
+                       headroom: float = KV_HEADROOM_FRAC) -> ConcurrencyCheck:
     """Whether the configured maximum concurrency fits at the observed P99 length."""
     usable = capacity_tokens * (1 - headroom)
     needed = max_concurrency * p99_len_tokens
@@ -112,15 +118,20 @@ def unsafe_concurrency(max_concurrency: int, p99_len_tokens: float, capacity_tok
                             needed_tokens=float(needed), usable_tokens=float(usable), safe_concurrency=safe)
 
 
-def kv_warnings(times_s, usage_frac, *, warn_within_min: float = 30.0, preempts: bool = True,
+def kv_warnings(times_s, usage_frac, *, warn_within_min: float | None = None, preempts: bool = True,
                 max_concurrency: int | None = None, p99_len_tokens: float | None = None,
-                capacity_tokens: float | None = None, headroom: float = 0.2, waiting=None,
+                capacity_tokens: float | None = None, headroom: float = KV_HEADROOM_FRAC, waiting=None,
                 admit_frac: float | None = None) -> list[dict]:
     """The live warnings attach mode raises from the same model: an early kv-pressure-preemption
     (engines that preempt, e.g. vLLM, SGLang) or kv-oom (engines that fail) when the cache will be
-    full within ``warn_within_min``, and unsafe-concurrency when the configured maximum cannot fit.
+    full within ``warn_within_min`` (default: kv-pressure-preemption's param of that name, the
+    horizon the rule warns at), and unsafe-concurrency when the configured maximum cannot fit.
     ``waiting`` and ``admit_frac``: as :func:`forecast_kv_full` (full now while requests wait for
     blocks)."""
+    if warn_within_min is None:
+        from ..diagnosis.rules import builtin_params
+
+        warn_within_min = builtin_params("kv-pressure-preemption")["warn_within_min"]
     out = []
     minutes = forecast_kv_full(times_s, usage_frac, waiting=waiting, admit_frac=admit_frac)
     if minutes is not None and minutes <= warn_within_min:
@@ -134,7 +145,7 @@ def kv_warnings(times_s, usage_frac, *, warn_within_min: float = 30.0, preempts:
     return out
 
 
-def capture_kv_warnings(cap, *, preempts: bool = True, headroom: float = 0.2) -> list[dict]:
+def capture_kv_warnings(cap, *, preempts: bool = True, headroom: float = KV_HEADROOM_FRAC) -> list[dict]:
     """kv_warnings on a loaded capture: neutral engine series ``kv_usage_frac``, capacity
     ``kv_capacity_tokens`` and ``max_running_requests`` from its config, P99 of prompt+output."""
     usage = cap.engine.get("kv_usage_frac")

@@ -17,6 +17,14 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
+#: Share of the KV cache kept free when sizing concurrency: `kvdoctor plan`'s --headroom default
+#: and the margin in the kv_demand_over_capacity signal that the unsafe-concurrency rule reads
+#: (its description and fix say "20% headroom", "0.8 x KV capacity"). A planning constant, not a
+#: rule param: a signal is computed before and apart from the rules, so a param (or `--set`) could
+#: not move it, and the plan must size by the same margin the rule judges by. docs/rules.md lists
+#: the numbers that live in code, and why.
+KV_HEADROOM_FRAC = 0.2
+
 
 @dataclass(frozen=True, slots=True)
 class KvDtype:
@@ -158,7 +166,7 @@ def max_concurrency(spec: ModelSpec, dtype: KvDtype, budget: GpuBudget, length_t
 
 
 def safe_concurrency(spec: ModelSpec, dtype: KvDtype, budget: GpuBudget, length_tokens: float,
-                     block_size_tokens: int = 16, headroom_frac: float = 0.2) -> int:
+                     block_size_tokens: int = 16, headroom_frac: float = KV_HEADROOM_FRAC) -> int:
     """Whole sequences that fit while keeping ``headroom_frac`` of the cache free."""
     return int(math.floor(max_concurrency(spec, dtype, budget, length_tokens, block_size_tokens)
                           * (1 - headroom_frac) + 1e-9))

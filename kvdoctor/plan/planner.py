@@ -23,7 +23,7 @@ class PlanInputs:
     gpu_name: str | None = None
     block_size_tokens: int = 16
     concurrency: int | None = None
-    headroom_frac: float = 0.2
+    headroom_frac: float = km.KV_HEADROOM_FRAC
     #: from --from-capture: {"path", "requests", "p95_len_tokens", "p99_len_tokens", "max_concurrency"}
     capture: dict | None = None
 

@@ -167,10 +167,13 @@ def prompt_over_limit(w):
 
 @signal("kv_demand_over_capacity", "ratio")
 def kv_demand(w):
-    """Configured concurrency x P99 sequence length over the KV capacity with 20% headroom:
-    above 1, the configuration cannot hold its worst case."""
+    """Configured concurrency x P99 sequence length over the KV capacity with 20% headroom
+    (plan.kvmodel.KV_HEADROOM_FRAC, the plan's own margin): above 1, the configuration cannot
+    hold its worst case."""
+    from ..plan.kvmodel import KV_HEADROOM_FRAC
+
     demand = w.value("max_concurrency_configured") * w.value("sequence_p99_tokens")
-    return ratio(demand, 0.8 * w.value("kv_capacity_tokens"))
+    return ratio(demand, (1 - KV_HEADROOM_FRAC) * w.value("kv_capacity_tokens"))
 
 
 @signal("kv_usage_over_token_demand", "ratio")

@@ -1,43 +1,26 @@
-"""Fleet mode: every inference server behind one Prometheus, diagnosed one by one, then compared.
+"""Fleet fetch: every inference server behind one Prometheus, as engine samples per instance.
 
 ``fetch`` runs the query plan (query.py) and maps the answers with the engine tables to one
 list of :class:`EngineSample` per instance (grouped by ``group_by`` labels, default
 ``instance``); DCGM exporter and kvdoctor sidecar series whose group matches no engine join the
-engine on the same host (``host:port`` → ``host``) when that is unambiguous. ``diagnose_fleet``
-builds one in-memory Capture per instance and runs the rules on it. With no request records,
-each rule's ``min_requests`` gate is lifted (``engine_rules``): signals that need requests are
-NaN there, so only rules the aggregated metrics can support fire. Fleet findings then say, per
-rule, whether it fired on one replica (imbalance when that replica also takes clearly more load
-than the others, else a sick host) or on all (capacity).
+engine on the same host (``host:port`` → ``host``) when that is unambiguous.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections import defaultdict
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
 from ..engines.neutral import NEUTRAL, derive
-from ..engines.rates import counter_increase
-from ..model import CaptureMeta, EngineSample, Event, SourceStatus
+from ..model import EngineSample, Event
 from .client import PromClient, PromError
-from . import overview
-from .outliers import OUTLIERS, outlier_findings, replica_list
 from .query import Planned, Selectors, discovery_selectors, plan
-
-#: counters that say how much work a replica took, first present wins, with the unit of their rate
-LOAD_SIGNALS = {"generation_tokens_total": "generated tokens/s", "prompt_tokens_total": "prompt tokens/s",
-                "request_success_total": "requests/s", "requests_total": "requests/s"}
-IMBALANCE_RATIO = 1.5
 
 
 @dataclass
@@ -303,249 +286,3 @@ def _hist_cols(series: dict[tuple, dict[float, np.ndarray]]):
     infs = [b[math.inf] for b in group if math.inf in b]
     count = _combine(infs, "sum") if infs else np.full(n, np.nan)
     return list(les), cum, count
-
-
-# -- diagnosis ---------------------------------------------------------------------------------
-
-def engine_rules(rules: list) -> list:
-    """Rules with their request-count gate lifted: engine-only captures have no request records."""
-    return [dataclasses.replace(r, min_requests=0) for r in rules]
-
-
-def capture_for(data: FleetData, server: str):
-    from ..capture.memory import from_records
-
-    meta = CaptureMeta(created_unix_s=time.time(), clock="unix", engine=data.engines.get(server), server=server,
-                       origin="prometheus", sources={"prometheus": SourceStatus(True, data.source)})
-    return from_records(meta, engine=data.samples[server], events=data.events.get(server, ()),
-                        path=f"{data.source}#{server}")
-
-
-def load_rate(samples: list[EngineSample], span_s: float) -> tuple[str | None, float]:
-    """(signal, per-second increase) of the first load counter present: how much work a replica took."""
-    for name in LOAD_SIGNALS:
-        v = [s.values[name] for s in samples if name in s.values]
-        if len(v) >= 2:
-            return name, counter_increase(v) / max(span_s, 1e-9)
-    return None, math.nan
-
-
-#: signals every replica is summarised by: the outlier comparisons and the replica table
-SUMMARY_SIGNALS = tuple(dict.fromkeys([o.signal for o in OUTLIERS] + [c[0] for c in overview.COLUMNS]))
-#: below this many replicas, worker processes cost more than they save
-PARALLEL_MIN = 32
-
-
-@dataclass
-class InstanceResult:
-    """One replica's diagnosis, reduced to what the fleet view uses: its incidents, its normal
-    diagnose JSON and its summary signals over the whole range. Picklable, so that replicas can
-    be diagnosed in worker processes."""
-    incidents: list
-    json: dict[str, Any]
-    values: dict[str, float]
-
-    def to_json(self) -> dict[str, Any]:
-        return self.json
-
-
-def diagnose_instance(data: FleetData, name: str, rules: list, options) -> InstanceResult:
-    from ..diagnosis import diagnose
-
-    diag = diagnose(capture_for(data, name), rules, options)
-    w = diag.prepared.window(data.start_s, data.end_s)
-    return InstanceResult(diag.incidents, diag.to_json(), {s: w.value(s) for s in SUMMARY_SIGNALS})
-
-
-_FORKED: tuple | None = None  # (data, rules, options) that forked workers inherit
-
-
-def _diagnose_chunk(names: list[str]) -> list[tuple[str, InstanceResult]]:
-    data, rules, options = _FORKED
-    return [(n, diagnose_instance(data, n, rules, options)) for n in names]
-
-
-def diagnose_all(data: FleetData, rules: list, options, workers: int | None = None) -> dict[str, InstanceResult]:
-    """Every replica diagnosed on its own; in ``workers`` forked processes (default: one per
-    core, at most 8) when there are many replicas. The replicas' data reaches the workers by
-    fork, not by pickling; only the small results come back."""
-    global _FORKED
-    names = sorted(data.samples)
-    workers = min(os.cpu_count() or 1, 8) if workers is None else workers
-    if workers <= 1 or len(names) < PARALLEL_MIN or "fork" not in multiprocessing.get_all_start_methods():
-        return {n: diagnose_instance(data, n, rules, options) for n in names}
-    size = max(1, math.ceil(len(names) / (workers * 4)))
-    chunks = [names[i:i + size] for i in range(0, len(names), size)]
-    _FORKED = (data, rules, options)
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            done = dict(pair for part in pool.map(_diagnose_chunk, chunks) for pair in part)
-    finally:
-        _FORKED = None
-    return {n: done[n] for n in names}
-
-
-@dataclass
-class FleetDiagnosis:
-    data: FleetData
-    per_instance: dict[str, InstanceResult]
-    findings: list[dict[str, Any]]
-    load: dict[str, float]
-    load_unit: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        d = self.data
-        return {
-            "schema_version": 1,
-            "fleet": {"source": d.source, "start_s": d.start_s, "end_s": d.end_s, "step_s": d.step_s,
-                      "step_auto": d.step_auto, "scrape_interval_s": d.scrape_interval_s,
-                      "instances": sorted(d.samples), "queries": d.queries, "bytes": d.bytes,
-                      "fetch_s": round(d.fetch_s, 3), "warnings": d.warnings,
-                      "joined": {k: sorted(d.joined.get(k, ())) for k in sorted(d.samples)},
-                      "load_per_s": {k: _num(v) for k, v in self.load.items()}, "load_unit": self.load_unit},
-            "findings": self.findings,
-            "replicas": overview.to_json(overview.replicas(self)),
-            "instances": {k: v.to_json() for k, v in self.per_instance.items()},
-        }
-
-
-def _num(v: float) -> float | None:
-    return None if v is None or not math.isfinite(v) else round(float(v), 4)
-
-
-def diagnose_fleet(data: FleetData, rules: list, options, workers: int | None = None) -> FleetDiagnosis:
-    per = diagnose_all(data, engine_rules(rules), options, workers)
-    span = data.end_s - data.start_s
-    rates = {name: load_rate(data.samples[name], span) for name in per}
-    load = {name: r for name, (_, r) in rates.items()}
-    unit = {name: LOAD_SIGNALS[sig] for name, (sig, _) in rates.items() if sig}
-    values = {name: r.values for name, r in per.items()}
-    findings = fleet_findings(per, load)
-    named = {n for f in findings for n in f["instances"]}
-    return FleetDiagnosis(data, per, findings + outlier_findings(values, skip=named), load, unit)
-
-
-def fleet_findings(per: dict[str, Any], load: dict[str, float]) -> list[dict[str, Any]]:
-    """Per rule that fired anywhere: on which replicas, and whether it is one replica's problem
-    (imbalance or sick host) or the fleet's (capacity)."""
-    names = sorted(per)
-    fired: dict[str, dict[str, Any]] = defaultdict(dict)
-    for name, diag in per.items():
-        for inc in diag.incidents:
-            for c in inc.causes:
-                cur = fired[c.rule.id].get(name)
-                if cur is None or c.confidence > cur[0].confidence:
-                    fired[c.rule.id][name] = (c, inc)
-    out = []
-    for rid, hits in fired.items():
-        affected = sorted(hits)
-        healthy = [n for n in names if n not in hits]
-        c0, inc0 = next(iter(hits.values()))
-        if not healthy and len(names) > 1:
-            scope, kind = "fleet", "capacity"
-            why = f"{rid} on all {len(names)} replicas: the fleet as a whole lacks capacity (add replicas or shed load)"
-        elif len(names) == 1:
-            scope, kind, why = "single", "single-instance", f"{rid} on the only instance"
-        else:
-            scope = "replica" if len(affected) <= len(healthy) else "partial"
-            la = np.nanmedian([load.get(n, np.nan) for n in affected]) if affected else np.nan
-            lh = np.nanmedian([load.get(n, np.nan) for n in healthy]) if healthy else np.nan
-            ratio = la / lh if math.isfinite(la) and math.isfinite(lh) and lh > 0 else math.nan
-            if math.isfinite(ratio) and ratio >= IMBALANCE_RATIO:
-                kind = "imbalance"
-                why = (f"{rid} only on {replica_list(affected)}, which take {ratio:.1f}x the load of the healthy "
-                       f"replicas ({replica_list(healthy)}): the router/load balancer sends them too much")
-            elif math.isfinite(la) and math.isfinite(lh) and lh == 0 and la > 0:
-                kind = "imbalance"
-                why = f"{rid} only on {replica_list(affected)}; the healthy replicas ({replica_list(healthy)}) take no load at all"
-            else:
-                kind = "sick-host"
-                why = (f"{rid} only on {replica_list(affected)} at about the same load as the healthy replicas "
-                       f"({replica_list(healthy)}): look at that host (GPU, neighbours, config drift)")
-        out.append({
-            "rule": rid, "title": c0.rule.title, "severity": c0.rule.severity, "scope": scope, "kind": kind,
-            "instances": affected, "healthy": healthy, "summary": why,
-            "evidence": {n: {k: _num(v) for k, v in hits[n][0].evidence.items()} for n in affected},
-        })
-    rank = {"critical": 0, "warning": 1, "info": 2}
-    out.sort(key=lambda f: (rank.get(f["severity"], 3), f["rule"]))
-    return out
-
-
-def render_text(fd: FleetDiagnosis) -> str:
-    d = fd.data
-    lines = [f"kvdoctor fleet diagnosis: {len(d.samples)} instance(s) from {d.source}",
-             f"  range {_iso(d.start_s)} → {_iso(d.end_s)}, step {d.step_s:g}s"
-             f"{' (auto: scrape interval ' + format(d.scrape_interval_s or 0, 'g') + 's)' if d.step_auto else ''}; {d.queries} queries, "
-             f"{d.bytes / 1e6:.2f} MB fetched in {d.fetch_s:.1f}s"]
-    lines += [f"  {w}" for w in d.warnings]
-    lines.append("")
-    if not fd.findings:
-        lines.append("Fleet: no rule fired on any instance.")
-    for f in fd.findings:
-        lines.append(f"{f['severity'].upper()} {f['rule']} [{f['scope']}/{f['kind']}] on {replica_list(f['instances'], 10)}")
-        lines.append(f"  {f['summary']}")
-        for n, ev in f["evidence"].items():
-            shown = ", ".join(f"{k}={v:g}" for k, v in ev.items() if v is not None)
-            if shown:
-                lines.append(f"  {n}: {shown}")
-    lines.append("")
-    lines.append("Instances:")
-    for name, diag in fd.per_instance.items():
-        rules = sorted({c.rule.id for i in diag.incidents for c in i.causes[:1]})
-        side = sorted(e.detail["sidecar_incident"] for e in d.events.get(name, ()) if "sidecar_incident" in e.detail)
-        extra = f"; sidecar reported: {', '.join(side)}" if side else ""
-        lr = fd.load.get(name, math.nan)
-        what = " + ".join([str(d.engines.get(name))] + sorted(d.joined.get(name, ())))
-        load = f" (load {lr:,.1f} {fd.load_unit.get(name, '/s')})" if math.isfinite(lr) else ""
-        lines.append(f"  {name} ({what}): {', '.join(rules) if rules else 'healthy'}{load}{extra}")
-    return "\n".join(lines) + "\n"
-
-
-def _iso(t: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# -- captures ----------------------------------------------------------------------------------
-
-def records(data: FleetData):
-    for name in sorted(data.samples):
-        yield from data.samples[name]
-        yield from data.events.get(name, ())
-
-
-def meta_for(data: FleetData) -> CaptureMeta:
-    engines = {e for e in data.engines.values() if e}
-    return CaptureMeta(created_unix_s=time.time(), clock="unix", engine=next(iter(engines)) if len(engines) == 1 else None,
-                       origin="import:prometheus-range",
-                       sources={"prometheus": SourceStatus(True, f"{data.source} {data.queries} queries, {data.bytes} bytes")},
-                       config={"fleet": {"start_s": data.start_s, "end_s": data.end_s, "step_s": data.step_s,
-                                         "instances": sorted(data.samples), "warnings": data.warnings}})
-
-
-def from_capture(folder: str | Path) -> FleetData:
-    """A capture saved by ``import prometheus-range`` (or any multi-server engine capture) split
-    back into instances for offline replay."""
-    from ..capture.reader import _read_dicts, load_meta
-
-    folder = Path(folder)
-    meta = load_meta(folder)
-    warnings: list[str] = []
-    eng = _read_dicts(folder, "engine", warnings)
-    evs = _read_dicts(folder, "events", warnings)
-    fl = (meta.config or {}).get("fleet", {})
-    times = [r["time_s"] for r in eng if "time_s" in r]
-    data = FleetData(fl.get("start_s", min(times, default=0.0)), fl.get("end_s", max(times, default=0.0)),
-                     fl.get("step_s", 60.0), str(folder), warnings=list(fl.get("warnings", [])) + warnings)
-    for r in eng:
-        s = r.get("server") or "unknown"
-        data.samples.setdefault(s, []).append(EngineSample(time_s=r["time_s"], engine=r.get("engine"), server=s,
-                                                           values=r.get("values") or {}, histograms=r.get("histograms") or {}))
-        data.engines.setdefault(s, r.get("engine"))
-    for e in evs:
-        s = e.get("server") or "unknown"
-        data.events.setdefault(s, []).append(Event(time_s=e["time_s"], kind=e.get("kind", "note"), server=s,
-                                                   detail=e.get("detail") or {}))
-    return data
