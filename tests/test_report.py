@@ -16,6 +16,7 @@ import pyarrow as pa
 import kvdoctor
 from kvdoctor.capture.reader import Capture, Columns, EngineSeries
 from kvdoctor.diagnosis import Options, diagnose, load_rules, parse_slo
+from kvdoctor.diagnosis.rules import chart_ids, schema
 from kvdoctor.model import CaptureMeta
 from kvdoctor.report import figures as F
 from kvdoctor.report.html import render_html, render_report, script_json
@@ -218,6 +219,13 @@ def test_prefix_turns_concurrency_bandwidth_errors():
     _, charts = _charts("context-overflow")
     header, rows = charts["errors"].table
     assert header[0] == "error message" and rows[0][1] == 65
+
+
+def test_rules_may_name_exactly_the_charts_the_report_draws():
+    """A rule's ``charts:`` may name every chart and no other; every symptom has charts to fall back on."""
+    assert set(F.BUILDERS) == set(chart_ids())
+    assert set(F.SYMPTOM_CHARTS) == set(schema()["properties"]["symptom"]["properties"]["name"]["enum"])
+    assert all(set(keys) <= set(F.BUILDERS) for keys in F.SYMPTOM_CHARTS.values())
 
 
 def test_charts_are_placed_next_to_the_incidents_they_support():

@@ -3,7 +3,7 @@
 No HTML and no I/O here; :mod:`kvdoctor.report.html` assembles the page. Every builder returns
 a :class:`Chart`: an id, a title, a caption with the numbers the chart shows, the figure (None
 when the capture lacks the data, with a one-line note saying what is missing) and the rules and
-symptoms whose findings it supports, so the page can place it beside them.
+symptoms whose findings it supports (a rule's ``charts:``), so the page can place it beside them.
 
 Scale: nothing here sends raw per-request arrays to the page. Latencies over time are
 percentiles per time bucket (computed with numpy), histograms are binned here, and scatters
@@ -72,25 +72,7 @@ TEMPLATE: dict[str, Any] = {
     }
 }
 
-#: which charts support which rules' findings (first listed = shown first)
-RULE_CHARTS: dict[str, tuple[str, ...]] = {
-    "queueing-saturation": ("latency", "concurrency"),
-    "prefill-bound": ("ttft-prompt", "prompt-lengths", "latency"),
-    "long-prompt-hol-blocking": ("ttft-prompt", "prompt-lengths", "latency"),
-    "prefix-cache-ineffective": ("prefix-cache", "latency"),
-    "decode-bandwidth-bound": ("bandwidth", "concurrency", "latency"),
-    "kv-growth-per-turn": ("turns",),
-    "kv-pressure-preemption": ("memory", "concurrency"),
-    "kv-fragmentation": ("memory",),
-    "kv-oom": ("memory", "prompt-lengths", "errors"),
-    "gpu-memory-leak": ("memory",),
-    "unsafe-concurrency": ("concurrency", "prompt-lengths", "memory"),
-    "prompt-length-tail": ("prompt-lengths",),
-    "error-burst": ("errors",),
-    "tail-latency": ("latency",),
-    "kv-quant-quality": ("prompt-lengths",),
-}
-#: fallback for rules the table does not know (user rule folders), by symptom
+#: the charts for a symptom: for rules that name none (their ``charts:``), and after the causes' own
 SYMPTOM_CHARTS: dict[str, tuple[str, ...]] = {
     "ttft": ("latency", "ttft-prompt"),
     "tpot": ("latency", "concurrency"),
@@ -921,11 +903,12 @@ def build_charts(diag: Diagnosis, prep: Prepared | None = None) -> dict[str, Cha
 
 
 def charts_for(incident, available: dict[str, Chart]) -> list[str]:
-    """Chart ids that support an incident's findings, best first: the top cause's charts, then
-    the other causes', then its symptom's."""
+    """Chart ids that support an incident's findings, best first: the top cause's charts (its
+    rule's ``charts:``, else its rule's symptom's), then the other causes', then the incident's
+    symptom's."""
     out: list[str] = []
     for c in incident.causes:
-        for key in RULE_CHARTS.get(c.rule.id, SYMPTOM_CHARTS.get(c.rule.symptom, ())):
+        for key in c.rule.charts or SYMPTOM_CHARTS.get(c.rule.symptom, ()):
             if key in available and key not in out:
                 out.append(key)
     for key in SYMPTOM_CHARTS.get(incident.symptom, ()):
