@@ -2,6 +2,7 @@
 the command. tests/test_report_browser.py renders the pages in headless Chromium."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -16,6 +17,8 @@ import pyarrow as pa
 import kvdoctor
 from kvdoctor.capture.reader import Capture, Columns, EngineSeries
 from kvdoctor.diagnosis import Options, diagnose, load_rules, parse_slo
+from kvdoctor.diagnosis.evaluate import CauseFinding, Incident
+from kvdoctor.diagnosis.rules import chart_ids, schema
 from kvdoctor.model import CaptureMeta
 from kvdoctor.report import figures as F
 from kvdoctor.report.html import render_html, render_report, script_json
@@ -218,6 +221,29 @@ def test_prefix_turns_concurrency_bandwidth_errors():
     _, charts = _charts("context-overflow")
     header, rows = charts["errors"].table
     assert header[0] == "error message" and rows[0][1] == 65
+
+
+def test_rules_may_name_exactly_the_charts_the_report_draws():
+    """A rule's ``charts:`` may name every chart and no other; every symptom has charts to fall back on."""
+    assert set(F.BUILDERS) == set(chart_ids())
+    assert set(F.SYMPTOM_CHARTS) == set(schema()["properties"]["symptom"]["properties"]["name"]["enum"])
+    assert all(set(keys) <= set(F.BUILDERS) for keys in F.SYMPTOM_CHARTS.values())
+
+
+def test_an_incident_shows_its_rules_charts_then_its_symptoms():
+    """The top cause's ``charts:`` first, then the symptom's; a rule naming none gets its symptom's."""
+    rules = {r.id: r for r in load_rules()}
+    everything = dict.fromkeys(F.BUILDERS)
+
+    def incident(*rs):
+        return Incident(rs[0].symptom, 0.0, 1.0, rs[0].severity, [CauseFinding(r, 0.9, "", {}, ()) for r in rs], {})
+
+    assert F.charts_for(incident(rules["kv-oom"]), everything) == ["memory", "prompt-lengths", "errors"]
+    assert F.charts_for(incident(rules["prefill-bound"], rules["queueing-saturation"]), everything) == [
+        "ttft-prompt", "prompt-lengths", "latency", "concurrency"]
+    unnamed = dataclasses.replace(rules["prefill-bound"], charts=())
+    assert F.charts_for(incident(unnamed), everything) == ["latency", "ttft-prompt"]
+    assert F.charts_for(incident(rules["kv-oom"]), {"errors": None}) == ["errors"]  # only charts the page has
 
 
 def test_charts_are_placed_next_to_the_incidents_they_support():

@@ -79,6 +79,15 @@ def test_quality_verdict_judges_by_the_rules_margins():
                    {"min_agreement_drop": drop + 0.05}).startswith("no degr")
 
 
+def test_rule_names_its_report_charts_and_an_unknown_chart_is_refused(tmp_path):
+    assert load_rule(builtin_rules_dir() / "prefill-bound.yaml").charts == ("ttft-prompt", "prompt-lengths", "latency")
+    p = _rule_file(tmp_path, lambda d: d.__setitem__("charts", ["latency", "ttft-vs-prompt"]))
+    with pytest.raises(RuleError, match=r"rule prefill-bound: charts\.1: unknown chart 'ttft-vs-prompt'; known: latency, "):
+        load_rule(p)
+    p = _rule_file(tmp_path, lambda d: d.pop("charts"))
+    assert load_rule(p).charts == ()  # none named: the report picks by symptom
+
+
 def test_unparseable_condition(tmp_path):
     p = _rule_file(tmp_path, lambda d: d["causes"][0].__setitem__("when", "__import__('os').system('true')"))
     with pytest.raises(RuleError, match=r"causes\[0\]\.when: cannot read condition"):

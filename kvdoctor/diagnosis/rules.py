@@ -82,6 +82,9 @@ class Rule:
     #: fired on every replica of a fleet: "capacity" (add replicas or shed load) or "shared"
     fleet_everywhere: str = "shared"
     fleet_outlier: FleetOutlier | None = None
+    #: ids of the report charts that show its finding, best first (one of chart_ids()); empty:
+    #: the report picks by symptom
+    charts: tuple[str, ...] = ()
 
     @property
     def experimental(self) -> bool:
@@ -110,6 +113,12 @@ class Rule:
 @lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
     return json.loads(resources.files("kvdoctor").joinpath("schema/rule.schema.json").read_text())
+
+
+def chart_ids() -> tuple[str, ...]:
+    """The charts a rule may name under ``charts:``: those ``kvdoctor report`` draws (the
+    schema lists them; the report's builders are checked against it by a test)."""
+    return tuple(schema()["properties"]["charts"]["items"]["enum"])
 
 
 def builtin_rules_dir() -> Path:
@@ -190,6 +199,8 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
         e = errors[0]
         where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
         msg = e.message if len(e.message) < 200 else e.message[:200] + "..."
+        if e.validator == "enum" and list(e.absolute_path)[:1] == ["charts"]:
+            msg = f"unknown chart {e.instance!r}; known: {', '.join(chart_ids())}"
         raise _fail(path, rule_id, where, f"{msg}; see kvdoctor/schema/rule.schema.json")
     if raw["id"] != path.stem:
         raise _fail(path, rule_id, "id", f"must match the file name ({path.stem!r}): one rule a file, named by its id")
@@ -234,7 +245,7 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
         tests_fire=tuple(raw["tests"]["fire"]), tests_no_fire=tuple(raw["tests"]["no_fire"]),
         suppressed_by=tuple(raw.get("suppressed_by", [])), params=params, path=path,
         status=raw.get("status", "stable"), fleet_everywhere=fleet.get("on_every_replica", "shared"),
-        fleet_outlier=outlier,
+        fleet_outlier=outlier, charts=tuple(raw.get("charts", ())),
     )
 
 

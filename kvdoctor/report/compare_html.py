@@ -64,17 +64,17 @@ def percentile_chart(c: "Comparison") -> F.Chart:
         return F.Chart("cmp-percentiles", title, None, notes=["no request latencies on both sides"])
     fig = make_subplots(rows=1, cols=len(fams), subplot_titles=[f for f, _ in fams], horizontal_spacing=0.07)
     for i, (fam, ds) in enumerate(fams, 1):
-        scale, unit = F._lat_unit(np.array([d.before for d in ds] + [d.after for d in ds]))
+        scale, unit = F.lat_unit(np.array([d.before for d in ds] + [d.after for d in ds]))
         x = [d.label.split(" ")[1] for d in ds]
         for side, color, vals in (("before", BEFORE_COLOR, [d.before for d in ds]), ("after", AFTER_COLOR, [d.after for d in ds])):
             fig.add_trace(go.Bar(x=x, y=np.array(vals) * scale, name=side, legendgroup=side, showlegend=i == 1,
                                  marker={"color": color},
-                                 customdata=[[F._esc(d.verdict), F._esc(_change(d))] for d in ds],
+                                 customdata=[[F.esc(d.verdict), F.esc(_change(d))] for d in ds],
                                  hovertemplate=(f"{fam} %{{x}} {side}: %{{y:.3~g}} {unit}<br>"
                                                 "%{customdata[1]} · %{customdata[0]}<extra></extra>")),
                           row=1, col=i)
         fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=i)
-    F._base_layout(fig, 360, barmode="group", bargap=0.25, hovermode="closest", legend=LEGEND, margin={"t": 56})
+    F.base_layout(fig, 360, barmode="group", bargap=0.25, hovermode="closest", legend=LEGEND, margin={"t": 56})
     cap = "; ".join(f"{d.label} {_change(d)} ({d.verdict})" for _, ds in fams for d in ds if d.label.endswith("P50"))
     return F.Chart("cmp-percentiles", title, fig, f"Hover a bar for the change and its 95% interval. {cap}.")
 
@@ -88,7 +88,7 @@ def cdf_chart(c: "Comparison") -> F.Chart:
     fig = make_subplots(rows=1, cols=len(pairs), subplot_titles=[p[0] for p in pairs], horizontal_spacing=0.07)
     qs = np.linspace(0, 100, 201)
     for i, (label, _, b, a) in enumerate(pairs, 1):
-        scale, unit = F._lat_unit(b, a)
+        scale, unit = F.lat_unit(b, a)
         for side, color, v in (("before", BEFORE_COLOR, b), ("after", AFTER_COLOR, a)):
             fig.add_trace(go.Scatter(x=np.percentile(v, qs) * scale, y=qs / 100, mode="lines", name=side, legendgroup=side,
                                      showlegend=i == 1, line={"color": color, "width": 2},
@@ -96,7 +96,7 @@ def cdf_chart(c: "Comparison") -> F.Chart:
                                      customdata=qs), row=1, col=i)
         fig.update_xaxes(title_text=unit, type="log", row=1, col=i)
     fig.update_yaxes(title_text="share of requests", range=[0, 1.01], row=1, col=1)
-    F._base_layout(fig, 340, hovermode="closest", legend=LEGEND, margin={"t": 56})
+    F.base_layout(fig, 340, hovermode="closest", legend=LEGEND, margin={"t": 56})
     return F.Chart("cmp-cdf", title, fig, "Each curve: the share of requests at or below a latency (log scale); "
                                           "a curve further left is faster.")
 
@@ -128,7 +128,7 @@ def prompt_chart(c: "Comparison") -> F.Chart:
                 fig.add_vrect(x0=max(bk["lo"], lo), x1=bk["hi"], fillcolor="rgba(5,150,105,0.07)", line_width=0, layer="below")
     fig.update_xaxes(title_text="prompt tokens" + (" (log scale)" if log_x else ""), type="log" if log_x else "linear")
     fig.update_yaxes(title_text="share of requests", tickformat=".0%")
-    F._base_layout(fig, 340, barmode="overlay", bargap=0.02, hovermode="closest")
+    F.base_layout(fig, 340, barmode="overlay", bargap=0.02, hovermode="closest")
     chk = c.workload.check("prompt_tokens")
     cap = (f"P50 {chk.before['p50']:,.0f} → {chk.after['p50']:,.0f}, P95 {chk.before['p95']:,.0f} → {chk.after['p95']:,.0f} tokens"
            + (f"; KS D {chk.statistic:.2f} (p {chk.p_value:.2g})" if chk and chk.statistic is not None else "")

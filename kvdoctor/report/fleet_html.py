@@ -4,7 +4,7 @@ One self-contained HTML file (the report's shell, kvdoctor.report.html.page): th
 scatter of every replica's load against its TTFT tail (or its queue) coloured by status, a
 heatmap of requests waiting per replica over time, and the replica table. Instance names and
 label values come from Prometheus and can hold anything: every one is escaped, in the page
-(``esc``) and inside figures (``F._esc``: plotly renders a subset of HTML in SVG text).
+(``esc``) and inside figures (``F.esc``: plotly renders a subset of HTML in SVG text).
 """
 from __future__ import annotations
 
@@ -46,13 +46,13 @@ def load_chart(rows: list[Replica]) -> F.Chart:
         sel = [(r, x, y) for r, x, y in pts if r.status == status]
         if not sel:
             continue
-        text = [F._esc(f"{r.name}: {', '.join(r.findings) or 'healthy'}") for r, _, _ in sel]
+        text = [F.esc(f"{r.name}: {', '.join(r.findings) or 'healthy'}") for r, _, _ in sel]
         fig.add_trace(go.Scatter(
             x=[x for _, x, _ in sel], y=[y * scale for _, _, y in sel], mode="markers", name=STATUS_LABEL[status],
             marker={"color": STATUS_COLOR[status], "size": 9 if status != "healthy" else 7, "line": {"width": 0.5, "color": "#fff"}},
-            text=text, hovertemplate="%{text}<br>load %{x:,.1f}<br>" + F._esc(y_label) + " %{y:.3g}" + unit + "<extra></extra>"))
+            text=text, hovertemplate="%{text}<br>load %{x:,.1f}<br>" + F.esc(y_label) + " %{y:.3g}" + unit + "<extra></extra>"))
     units = sorted({r.load_unit for r, _, _ in pts})
-    F._base_layout(fig, 420, xaxis_title=F._esc(f"load ({' / '.join(units)})"), yaxis_title=F._esc(f"{y_label}" + (f" ({unit})" if unit else "")))
+    F.base_layout(fig, 420, xaxis_title=F.esc(f"load ({' / '.join(units)})"), yaxis_title=F.esc(f"{y_label}" + (f" ({unit})" if unit else "")))
     n_bad = sum(r.status != "healthy" for r, _, _ in pts)
     cap = (f"{len(pts)} replicas; {n_bad} flagged. A flagged point far right took more load than its peers "
            "(imbalance); one at the same load but higher up is a sick host or config drift.")
@@ -77,11 +77,11 @@ def queue_heatmap(fd, rows: list[Replica]) -> F.Chart:
         t, v = data[r.name]
         k = np.clip(np.round((t - d.start_s) / d.step_s).astype(int), 0, len(grid) - 1)
         z[i, k] = v
-    labels = [F._esc(f"{'● ' if r.status != 'healthy' else ''}{r.name}") for r in shown]
+    labels = [F.esc(f"{'● ' if r.status != 'healthy' else ''}{r.name}") for r in shown]
     fig = go.Figure(go.Heatmap(z=z[::-1], x=grid * 1000.0, y=labels[::-1], colorscale="YlOrRd", hoverongaps=False,
-                               colorbar={"title": {"text": F._esc(what)}},
-                               hovertemplate="%{y}<br>%{x}<br>" + F._esc(what) + " %{z:.3g}<extra></extra>"))
-    F._base_layout(fig, max(260, 40 + 16 * len(shown)), xaxis={"type": "date"}, yaxis={"automargin": True})
+                               colorbar={"title": {"text": F.esc(what)}},
+                               hovertemplate="%{y}<br>%{x}<br>" + F.esc(what) + " %{z:.3g}<extra></extra>"))
+    F.base_layout(fig, max(260, 40 + 16 * len(shown)), xaxis={"type": "date"}, yaxis={"automargin": True})
     more = len(rows) - len(shown)
     cap = (f"{what} at each step ({d.step_s:g} s), one row per replica; ● marks a replica with a finding."
            + (f" {more} more replicas are in the table below." if more > 0 else ""))
