@@ -90,3 +90,18 @@ def test_requests_still_queued_count_in_the_live_window():
     with_pending, without = _first_open(recs, cap.meta, True), _first_open(recs, cap.meta, False)
     assert with_pending is not None and without is not None
     assert with_pending < without, (with_pending, without)
+
+
+def test_live_and_offline_incidents_are_one_type_with_one_json_shape():
+    live, _ = _replay("queueing")
+    offline = diagnose(kvdoctor.load(CASES / "queueing"))
+    assert type(live.incidents[0]) is type(offline.incidents[0])
+    off = offline.to_json()["incidents"][0]
+    inc = live.incidents[0]
+    js = inc.to_json()
+    # diagnose's shape, plus what only a live incident has: its number and when it closed
+    assert set(js) == set(off) | {"id", "open", "closed", "closed_s"}
+    assert set(js["causes"][0]) == set(off["causes"][0]) and set(js["impact"]) == set(off["impact"])
+    assert js["id"] == inc.id and js["open"] is False and js["closed_s"] == inc.closed_s > inc.end_s
+    assert js["causes"][0]["rule"] == off["causes"][0]["rule"] == "queueing-saturation"
+    assert "id" not in off and "open" not in off

@@ -1,4 +1,5 @@
-"""A non-editable install must carry the rules: build the wheel, install it apart, load rules."""
+"""A non-editable install must carry the rules, and not the test harness: build the wheel, list it,
+install it apart, load rules."""
 import os
 import subprocess
 import sys
@@ -16,6 +17,8 @@ def test_wheel_ships_rules_and_schema(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvdoctor/_rules/prefill-bound.yaml" in names
     assert "kvdoctor/schema/rule.schema.json" in names
+    # the test harness (server builders, scenarios, load generator) runs from a checkout only
+    assert not [n for n in names if n.startswith("kvdoctor/testing/")], [n for n in names if "testing" in n]
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)

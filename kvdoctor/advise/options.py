@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from ..numeric import json_number
 from ..signals import Window
 from ..signals.interference import window_gaps
 from .phases import PhaseSplit, instance_split
@@ -32,7 +33,7 @@ KV_LINK_BYTES_PER_S = (25e9, 300e9)
 
 
 def _r(x: float, nd: int = 3) -> float | None:
-    return None if x is None or not math.isfinite(x) else round(float(x), nd)
+    return None if x is None else json_number(float(x), nd)  # float: whole numbers stay 512.0 in JSON
 
 
 def _rng(lo: float, hi: float, nd: int = 3) -> list:

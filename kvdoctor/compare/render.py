@@ -4,8 +4,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from ..numeric import json_number
 from ..units import duration_text, fmt
 from . import measures
 from .verdict import change_text
@@ -16,15 +15,6 @@ if TYPE_CHECKING:
     from .sides import Side
 
 JSON_SCHEMA_VERSION = 1
-
-
-def _num(v: Any) -> Any:
-    if v is None or isinstance(v, bool):
-        return v
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    v = float(v)
-    return None if math.isnan(v) or math.isinf(v) else round(v, 6)
 
 
 def _side_line(c: "Comparison", role: str) -> str:
@@ -166,25 +156,25 @@ def markdown(c: "Comparison") -> str:
 def _iv_json(d) -> dict[str, Any]:
     iv = d.iv
     return {
-        "diff": _num(iv.diff) if iv else None,
-        "diff_ci": [_num(iv.diff_lo), _num(iv.diff_hi)] if iv and math.isfinite(iv.diff_lo) else None,
-        "rel": _num(iv.rel) if iv else None,
-        "rel_ci": [_num(iv.rel_lo), _num(iv.rel_hi)] if iv and math.isfinite(iv.rel_lo) else None,
-        "p_value": _num(iv.p) if iv else None,
-        "p_adjusted": _num(d.p_adjusted),
+        "diff": json_number(iv.diff) if iv else None,
+        "diff_ci": [json_number(iv.diff_lo), json_number(iv.diff_hi)] if iv and math.isfinite(iv.diff_lo) else None,
+        "rel": json_number(iv.rel) if iv else None,
+        "rel_ci": [json_number(iv.rel_lo), json_number(iv.rel_hi)] if iv and math.isfinite(iv.rel_lo) else None,
+        "p_value": json_number(iv.p) if iv else None,
+        "p_adjusted": json_number(d.p_adjusted),
     }
 
 
 def _signal_json(d) -> dict[str, Any]:
-    return {"name": d.name, "label": d.label, "unit": d.unit, "better": d.better, "before": _num(d.before),
-            "after": _num(d.after), **_iv_json(d), "verdict": d.verdict, "text": change_text(d) if d.iv else None,
+    return {"name": d.name, "label": d.label, "unit": d.unit, "better": d.better, "before": json_number(d.before),
+            "after": json_number(d.after), **_iv_json(d), "verdict": d.verdict, "text": change_text(d) if d.iv else None,
             "method": d.method, "matched": d.matched, "comparable": d.comparable, "note": d.note or None}
 
 
 def _side_json(side: "Side", diag) -> dict[str, Any]:
-    return {"spec": side.label, "path": str(side.spec.path), "since_s": _num(side.since_s), "until_s": _num(side.until_s),
+    return {"spec": side.label, "path": str(side.spec.path), "since_s": json_number(side.since_s), "until_s": json_number(side.until_s),
             "requests": len(side.capture.requests), "start": diag.time_label(diag.start_s), "end": diag.time_label(diag.end_s),
-            "start_s": _num(diag.start_s), "end_s": _num(diag.end_s), "engine": side.capture.meta.engine,
+            "start_s": json_number(diag.start_s), "end_s": json_number(diag.end_s), "engine": side.capture.meta.engine,
             "model": side.capture.meta.model, "incidents": len(diag.incidents), "warnings": list(diag.warnings)}
 
 
@@ -207,20 +197,20 @@ def to_json(c: "Comparison") -> dict[str, Any]:
             "closed_loop": wl.closed_loop,
             "first_line": wl.first_line(),
             "checks": [{"name": ch.name, "label": ch.label,
-                        "before": {k: _num(v) for k, v in ch.before.items()},
-                        "after": {k: _num(v) for k, v in ch.after.items()},
-                        "statistic": _num(ch.statistic), "p_value": _num(ch.p_value), "differs": ch.differs,
+                        "before": {k: json_number(v) for k, v in ch.before.items()},
+                        "after": {k: json_number(v) for k, v in ch.after.items()},
+                        "statistic": json_number(ch.statistic), "p_value": json_number(ch.p_value), "differs": ch.differs,
                         "compared": ch.compared, "note": ch.note or None} for ch in wl.checks],
             "matching": None if m is None else {
-                "buckets": m.buckets, "coverage_before": _num(m.coverage_before), "coverage_after": _num(m.coverage_after),
-                "share": [_num(x) for x in m.share]},
+                "buckets": m.buckets, "coverage_before": json_number(m.coverage_before), "coverage_after": json_number(m.coverage_after),
+                "share": [json_number(x) for x in m.share]},
         },
         "rules": [{"rule": r.rule.id, "title": r.rule.title, "status": r.status,
                    "fired_before": r.fired_before, "fired_after": r.fired_after,
-                   "confidence_before": _num(r.confidence_before), "confidence_after": _num(r.confidence_after),
+                   "confidence_before": json_number(r.confidence_before), "confidence_after": json_number(r.confidence_after),
                    "cause_before": r.cause_before, "cause_after": r.cause_after,
                    "impact": _signal_json(r.impact) if r.impact else None,
-                   "evidence": {n: {"before": _num(b), "after": _num(a), "unit": u} for n, b, a, u in r.evidence},
+                   "evidence": {n: {"before": json_number(b), "after": json_number(a), "unit": u} for n, b, a, u in r.evidence},
                    "note": r.note or None} for r in c.rules],
         "signals": [_signal_json(d) for d in c.signals],
         "method": {"resamples": c.resamples, "seed": c.seed, "confidence": 0.95,

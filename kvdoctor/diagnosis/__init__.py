@@ -1,6 +1,7 @@
 """Diagnosis: rules as data, evaluated over a capture into incidents with ranked causes."""
 from .api import Diagnosis, diagnose, parse_slo
-from .evaluate import Incident, Options
+from .evaluate import Options
+from .incident import Incident
 from .rules import Rule, load_rules
 
 __all__ = ["Diagnosis", "Incident", "Options", "Rule", "diagnose", "load_rules", "parse_slo"]

@@ -1,20 +1,18 @@
 """The library entry point: capture in, incidents out, as objects or the stable JSON shape."""
 from __future__ import annotations
 
-import datetime as dt
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from ..capture import Capture
 from ..errors import InputError
+from ..numeric import json_number
 from ..signals import REGISTRY, Prepared
 from ..signals.window import READ_BURST_S
 from .coverage import NotEvaluated, context_limit, not_evaluated
-from .evaluate import Incident, Options, incidents
+from .evaluate import Options, incidents
+from .incident import Incident, time_label
 from .rules import Rule, load_rules
 
 JSON_SCHEMA_VERSION = 1
@@ -61,11 +59,7 @@ class Diagnosis:
     arrivals_known: bool = True
 
     def time_label(self, t: float) -> str:
-        if not self.arrivals_known:
-            return f"#{t - self.start_s + 1:.0f}"  # the request's place in the file, not a time
-        if self.capture.meta.clock == "unix" and t > 1e9:
-            return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return f"+{t - self.start_s:.0f}s"
+        return time_label(t, self.start_s, self.capture.meta.clock, self.arrivals_known)
 
     def to_json(self) -> dict[str, Any]:
         meta = self.capture.meta
@@ -76,53 +70,20 @@ class Diagnosis:
                 "requests": len(self.capture.requests),
                 "start": self.time_label(self.start_s),
                 "end": self.time_label(self.end_s),
-                "start_s": _num(self.start_s) if self.arrivals_known else None,
-                "end_s": _num(self.end_s) if self.arrivals_known else None,
+                "start_s": json_number(self.start_s) if self.arrivals_known else None,
+                "end_s": json_number(self.end_s) if self.arrivals_known else None,
                 "arrivals_known": self.arrivals_known,
                 "engine": meta.engine,
                 "model": meta.model,
                 "sources": {k: {"ok": v.ok, "detail": v.detail} for k, v in meta.sources.items()},
                 "warnings": self.warnings,
-                "context_limit": ({"tokens": _num(self.context_limit_tokens), "source": self.context_limit_source}
+                "context_limit": ({"tokens": json_number(self.context_limit_tokens), "source": self.context_limit_source}
                                   if self.context_limit_tokens else None),
             },
             "slo": self.options.slo,
-            "incidents": [self._incident_json(i) for i in self.incidents],
+            "incidents": [i.to_json(self.time_label, self.arrivals_known) for i in self.incidents],
             "not_evaluated": [n.to_json() for n in self.not_evaluated],
         }
-
-    def _incident_json(self, inc: Incident) -> dict[str, Any]:
-        return {
-            "symptom": inc.symptom,
-            "severity": inc.severity,
-            "title": inc.causes[0].rule.title,
-            "start": self.time_label(inc.start_s),
-            "end": self.time_label(inc.end_s),
-            "start_s": _num(inc.start_s) if self.arrivals_known else None,
-            "end_s": _num(inc.end_s) if self.arrivals_known else None,
-            "impact": {k: _num(v) for k, v in inc.impact.items()},
-            "causes": [
-                {
-                    "rule": c.rule.id,
-                    "title": c.rule.title,
-                    "status": c.rule.status,  # experimental: proven only on simulated data
-                    "cause": c.cause,
-                    "confidence": round(c.confidence, 3),
-                    "evidence": {name: {"value": _num(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},
-                    "not_measured": [name for name, v in c.evidence.items() if _num(v) is None],
-                    "fixes": [{"title": f.title, "why": f.why, "knobs": f.knobs} for f in c.fixes],
-                    "references": list(c.rule.references),
-                }
-                for c in inc.causes
-            ],
-        }
-
-
-def _num(v: Any) -> Any:
-    if isinstance(v, (float, np.floating)):
-        v = float(v)
-        return None if math.isnan(v) or math.isinf(v) else round(v, 6)
-    return v
 
 
 def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options | None = None,

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..signals import Prepared, Window
 from . import conditions as C
+from .incident import Incident, incident_on
 from .rules import SEVERITY_RANK, Rule
 
 #: evaluations per capture at most: a day at ~15-minute resolution (each evaluation looks
@@ -42,27 +43,6 @@ class Activation:
     end_s: float
     confidence: float
     cause: str
-
-
-@dataclass
-class CauseFinding:
-    rule: Rule
-    confidence: float
-    cause: str
-    evidence: dict[str, float]
-    #: the rule's fixes that apply to this incident, in order (Rule.fixes_for)
-    fixes: tuple
-
-
-@dataclass
-class Incident:
-    symptom: str
-    start_s: float
-    end_s: float
-    severity: str
-    causes: list[CauseFinding]
-    impact: dict[str, Any]
-    server: str | None = None
 
 
 def step_times(start_s: float, end_s: float, opt: Options) -> tuple[np.ndarray, float, float]:
@@ -169,22 +149,9 @@ def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
 
 def _incident(prep: Prepared, symptom: str, cluster: list[Activation], opt: Options) -> Incident:
     start, end = min(a.start_s for a in cluster), max(a.end_s for a in cluster)
-    w = prep.window(start, end)
     best: dict[str, Activation] = {}
     for a in cluster:
         if a.rule.id not in best or a.confidence > best[a.rule.id].confidence:
             best[a.rule.id] = a
-    causes = [CauseFinding(a.rule, a.confidence, a.cause, {name: w.value(name) for name in a.rule.evidence},
-                           a.rule.fixes_for(w.value, opt.slo))
-              for a in best.values()]
-    causes.sort(key=lambda c: (-c.confidence, -SEVERITY_RANK[c.rule.severity], c.rule.id))
-    top = causes[0].rule
-    errors = w.value("errors")  # NaN: no request records and no engine failure counter
-    impact: dict[str, Any] = {"requests": w.n_requests, "errors": int(errors) if errors == errors else None}
-    if top.impact:
-        impact["signal"] = top.impact
-        impact["value"] = w.value(top.impact)
-        if top.impact in opt.slo:
-            impact["slo"] = opt.slo[top.impact]
-    severity = max((c.rule.severity for c in causes), key=SEVERITY_RANK.__getitem__)
-    return Incident(symptom, start, end, severity, causes, impact)
+    return incident_on(prep.window(start, end), symptom, start, end,
+                       [(a.rule, a.confidence, a.cause) for a in best.values()], opt.slo)

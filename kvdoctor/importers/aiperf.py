@@ -25,9 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-import orjson
-
 from .. import error_classes
+from ..capture.jsonl import json_lines
 from ..errors import InputError
 from ..model import CaptureMeta, RequestRecord, derive_request
 from . import describe, integer, num, parse_options
@@ -118,19 +117,7 @@ def _record(obj: Any, where: str, keep_itl: bool, fallback_id: str) -> RequestRe
 
 
 def _lines(path: Path) -> Iterator[tuple[int, Any]]:
-    try:
-        f = path.open("rb")
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from None
-    with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield n, orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise InputError(f"{path}: line {n}: not valid JSON ({e.msg}); expected AIPerf's "
-                                 "profile_export.jsonl (one record a line)") from None
+    return json_lines(path, "AIPerf's profile_export.jsonl (one record a line)")
 
 
 def read(paths: list[Path], options: dict[str, Any]) -> Imported:

@@ -13,8 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-import orjson
-
+from ..capture.jsonl import json_lines
 from ..errors import InputError
 from ..model import CaptureMeta, RequestRecord, derive_request
 from . import describe, integer, num, parse_options, request_id_for
@@ -30,23 +29,8 @@ OPTIONS = {
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from None
-    with f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                yield n, line
-
-
-def _record(path: Path, n: int, line: bytes, rid: str, scale: float, block_tokens: int) -> RequestRecord:
+def _record(path: Path, n: int, obj: Any, rid: str, scale: float, block_tokens: int) -> RequestRecord:
     where = f"{path}: line {n}"
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as e:
-        raise InputError(f"{where}: not valid JSON ({e.msg}); expected one Mooncake request object per line") from None
     if not isinstance(obj, dict):
         raise InputError(f"{where}: expected a JSON object with timestamp, input_length, output_length, hash_ids")
     for key in ("timestamp", "input_length"):
@@ -80,8 +64,8 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
 
     def records() -> Iterator[RequestRecord]:
         for path in paths:
-            for i, (n, line) in enumerate(_lines(path)):
-                yield _record(path, n, line, request_id_for(len(paths), path.stem, i), scale, opts["block_tokens"])
+            for i, (n, obj) in enumerate(json_lines(path, "one Mooncake request object per line")):
+                yield _record(path, n, obj, request_id_for(len(paths), path.stem, i), scale, opts["block_tokens"])
 
     notes = ["a workload trace: arrivals, sizes and prefix blocks only, no latencies"]
     if len(paths) > 1:

@@ -26,9 +26,8 @@ import binascii
 from pathlib import Path
 from typing import Any, Iterator
 
-import orjson
-
 from .. import error_classes
+from ..capture.jsonl import loads_line, numbered
 from ..errors import InputError
 from ..model import CaptureMeta, RequestRecord, derive_request
 from . import describe, parse_options
@@ -178,11 +177,7 @@ def _parse_line(path: Path, n: int, line: bytes):
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     where = f"{path}: line {n}"
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as e:
-        raise InputError(f"{where}: not valid JSON ({e.msg}); expected one OTLP/JSON ExportTraceServiceRequest "
-                         "per line (the collector's file exporter)") from None
+    obj = loads_line(path, n, line, "one OTLP/JSON ExportTraceServiceRequest per line (the collector's file exporter)")
     if not isinstance(obj, dict):
         raise InputError(f"{where}: expected a JSON object with resourceSpans, got {type(obj).__name__}")
     if "resourceSpans" not in obj:
@@ -202,8 +197,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
         data = path.read_bytes()
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
-    lines = data.splitlines()
-    nonempty = [(n, ln) for n, ln in enumerate(lines, 1) if ln.strip()]
+    nonempty = list(numbered(data.splitlines()))
     # one pretty-printed export (e.g. a single request saved by hand) instead of JSON Lines
     if len(nonempty) > 1 and nonempty[0][1].strip() == b"{":
         yield 1, data

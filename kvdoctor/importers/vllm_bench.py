@@ -28,6 +28,7 @@ from typing import Any, Iterator
 import orjson
 
 from .. import error_classes
+from ..capture.jsonl import numbered
 from ..errors import InputError
 from ..model import CaptureMeta, RequestRecord, derive_request
 from . import describe, integer, num, parse_options
@@ -54,9 +55,7 @@ def _runs(path: Path) -> list[dict[str, Any]]:
         docs = doc if isinstance(doc, list) else [doc]
     except orjson.JSONDecodeError as first_err:
         docs = []
-        for n, line in enumerate(raw.splitlines(), 1):  # --append-result: one JSON object per line
-            if not line.strip():
-                continue
+        for n, line in numbered(raw.splitlines()):  # --append-result: one JSON object per line
             try:
                 docs.append(orjson.loads(line))
             except orjson.JSONDecodeError as e:

@@ -198,12 +198,12 @@ def markdown(diag: Diagnosis) -> str:
     return "\n".join(out)
 
 
-def live_incident_text(inc, what: str, engine: str | None) -> str:
+def live_incident_text(inc: Incident, what: str, engine: str | None) -> str:
     """A live incident as the sidecar prints it and posts it to a webhook (Slack text)."""
     top = inc.top
     if what == "closed":
         return (f"RESOLVED #{inc.id} {inc.symptom}: {top.rule.title}{top.rule.tag} "
-                f"(open {duration_text((inc.closed_s or inc.last_s) - inc.opened_s)})")
+                f"(open {duration_text((inc.closed_s or inc.end_s) - inc.start_s)})")
     lines = [f"INCIDENT #{inc.id} {inc.severity.upper()} {inc.symptom}: {top.rule.title}",
              f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
              "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:4]),

@@ -25,9 +25,9 @@ from ..capture import CaptureWriter
 from ..capture.queued import QueuedWriter
 from ..capture.writer import kind_of
 from ..capture.memory import from_records
-from ..diagnosis import Options, Rule
+from ..diagnosis import Incident, Options, Rule
 from ..errors import InputError
-from ..diagnosis.live import LiveDiagnoser, LiveIncident
+from ..diagnosis.live import LiveDiagnoser
 from ..model import CaptureMeta, EngineSample, Event, GpuSample, RequestRecord
 from .serve import Metrics, make_app
 from ..collect.base import PolledCollector, SourceUnavailable
@@ -81,7 +81,7 @@ class AttachConfig:
     max_capture_bytes: int | None = 1 << 30
     duration_s: float | None = None
     collectors: list[PolledCollector] = field(default_factory=list)
-    on_change: Callable[[str, LiveIncident], None] | None = None
+    on_change: Callable[[str, Incident], None] | None = None
 
 
 class Agent:
@@ -244,7 +244,7 @@ class Agent:
             recent["requests"] += self._proxy.in_flight_records()
         return recent
 
-    def _evaluate(self, recent: dict[str, list], now_s: float) -> tuple[list[LiveIncident], list[LiveIncident]]:
+    def _evaluate(self, recent: dict[str, list], now_s: float) -> tuple[list[Incident], list[Incident]]:
         cap = from_records(self.writer.meta, **recent)
         with self._live_lock:  # one step at a time (the final step at shutdown may meet a running one)
             opened, closed = self.live.step(cap, now_s)
@@ -252,14 +252,14 @@ class Agent:
             self._export_percentiles(self.live.last_window)
         return opened, closed
 
-    def diagnose_now(self, now_s: float | None = None) -> tuple[list[LiveIncident], list[LiveIncident]]:
+    def diagnose_now(self, now_s: float | None = None) -> tuple[list[Incident], list[Incident]]:
         """One live step, synchronously (tests; the running sidecar uses _diagnose_loop)."""
         now_s = now_s or time.time()
         opened, closed = self._evaluate(self._snapshot(now_s), now_s)
         self._announce_changes(opened, closed)
         return opened, closed
 
-    def _announce_changes(self, opened: list[LiveIncident], closed: list[LiveIncident]) -> None:
+    def _announce_changes(self, opened: list[Incident], closed: list[Incident]) -> None:
         for inc in opened:
             self.metrics["kvdoctor_incidents_opened_total"].labels(rule=inc.top.rule.id).inc()
             self._announce("opened", inc)
@@ -285,7 +285,7 @@ class Agent:
         if self.otel:
             self.otel.percentiles({m: w.value(m) for m in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")})
 
-    def _announce(self, what: str, inc: LiveIncident) -> None:
+    def _announce(self, what: str, inc: Incident) -> None:
         from ..report.summary import live_incident_text
 
         from ..units import printable
@@ -301,7 +301,7 @@ class Agent:
         if self.otel:
             self.otel.incident(what, inc)
 
-    async def _post_webhook(self, text: str, what: str, inc: LiveIncident) -> None:
+    async def _post_webhook(self, text: str, what: str, inc: Incident) -> None:
         import aiohttp
 
         body = {"text": text, "event": what, "incident": inc.to_json()}

@@ -50,13 +50,13 @@ class OtelExport:
         attrs = {"kvdoctor.incident.id": inc.id, "kvdoctor.symptom": inc.symptom, "kvdoctor.severity": inc.severity,
                  "kvdoctor.rule": inc.top.rule.id, "kvdoctor.cause": inc.top.cause,
                  "kvdoctor.confidence": inc.top.confidence, "kvdoctor.fix": inc.top.fixes[0].title}
-        start_ns = int(inc.opened_s * 1e9)
+        start_ns = int(inc.start_s * 1e9)
         if what == "opened":
             span = self.tracer.start_span("kvdoctor.incident.opened", start_time=start_ns, attributes=attrs)
             span.end(end_time=start_ns)
         else:
             span = self.tracer.start_span(f"kvdoctor.incident {inc.top.rule.id}", start_time=start_ns, attributes=attrs)
-            span.end(end_time=int((inc.closed_s or inc.last_s) * 1e9))
+            span.end(end_time=int((inc.closed_s or inc.end_s) * 1e9))
 
     def shutdown(self) -> None:
         self.tracer_provider.shutdown()

@@ -11,6 +11,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..numeric import percentile_rank
+
 
 @dataclass(frozen=True)
 class Signal:
@@ -46,11 +48,9 @@ def percentile(a: np.ndarray, q: float, min_n: int = 1) -> float:
     n = len(a)
     if n < max(min_n, 1):
         return float("nan")
-    pos = (n - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
+    lo, hi, frac = percentile_rank(n, q)
     part = np.partition(a, (lo, hi)) if n > 1 else a
-    return float(part[lo] + (part[hi] - part[lo]) * (pos - lo))
+    return float(part[lo] + (part[hi] - part[lo]) * frac)
 
 
 def ratio(num: float, den: float) -> float:

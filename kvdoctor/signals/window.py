@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import error_classes
 from ..capture.reader import Capture
+from ..numeric import percentile_rank
 from .registry import FIT_MIN_X_SPREAD_FRAC, REGISTRY, fit, split_medians
 
 #: GPU sample fields an exporter scraped beside the engine (DCGM, through a scrape or Prometheus)
@@ -423,10 +424,8 @@ class Window:
             s = self._cache[key] = np.sort(a[~np.isnan(a)])
         if len(s) < max(min_n, 1):
             return float("nan")
-        pos = (len(s) - 1) * q / 100.0
-        lo = int(pos)
-        hi = min(lo + 1, len(s) - 1)
-        return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+        lo, hi, frac = percentile_rank(len(s), q)
+        return float(s[lo] + (s[hi] - s[lo]) * frac)
 
     def medians_by(self, key: str, value: str, lo_q: float = 25, hi_q: float = 75,
                    min_n: int = 8) -> tuple[float, float]:

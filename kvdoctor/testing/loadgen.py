@@ -30,9 +30,11 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import aiohttp
+
+from ..numeric import json_number, percentile_sorted
 
 # --------------------------------------------------------------------------- data
 
@@ -355,32 +357,22 @@ def shared_prefix(n: int, prefix_tokens: int, cache_prompt: bool, suffix_tokens:
 # --------------------------------------------------------------------------- summary
 
 
-def percentile(xs: Iterable[float], q: float) -> float | None:
-    v = sorted(xs)
-    if not v:
-        return None
-    pos = (len(v) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
 def summarize(timings: Sequence[ClientTiming]) -> dict[str, Any]:
     ok = [t for t in timings if t.status == "ok"]
-    ttft = [t.ttft_s for t in ok if t.ttft_s is not None]
-    tpot = [t.tpot_s for t in ok if t.tpot_s is not None]
-    e2e = [t.e2e_s for t in ok]
+    ttft = sorted(t.ttft_s for t in ok if t.ttft_s is not None)
+    tpot = sorted(t.tpot_s for t in ok if t.tpot_s is not None)
+    e2e = sorted(t.e2e_s for t in ok)
     span = (max(t.finish_s for t in timings) - min(t.send_s for t in timings)) if timings else 0.0
     out_tok = sum(t.output_tokens for t in ok)
 
     def r(x: float | None) -> float | None:
-        return None if x is None else round(x, 4)
+        return json_number(x, 4)
 
     return {
         "n": len(timings), "ok": len(ok), "errors": len(timings) - len(ok),
-        "ttft_p50_s": r(percentile(ttft, 50)), "ttft_p99_s": r(percentile(ttft, 99)),
-        "tpot_p50_s": r(percentile(tpot, 50)), "tpot_p99_s": r(percentile(tpot, 99)),
-        "e2e_p50_s": r(percentile(e2e, 50)), "e2e_p99_s": r(percentile(e2e, 99)),
+        "ttft_p50_s": r(percentile_sorted(ttft, 50)), "ttft_p99_s": r(percentile_sorted(ttft, 99)),
+        "tpot_p50_s": r(percentile_sorted(tpot, 50)), "tpot_p99_s": r(percentile_sorted(tpot, 99)),
+        "e2e_p50_s": r(percentile_sorted(e2e, 50)), "e2e_p99_s": r(percentile_sorted(e2e, 99)),
         "output_tokens": out_tok, "duration_s": r(span),
         "output_tokens_per_s": r(out_tok / span) if span > 0 else None,
         "error_samples": sorted({(t.error or "")[:200] for t in timings if t.status != "ok"})[:5],

@@ -1,0 +1,120 @@
+"""One incident type and one JSON shape, for `diagnose` and for the live sidecar.
+
+An incident is a symptom with its ranked causes, the evidence each cause read and the fixes
+that apply, over ``start_s``..``end_s`` (the last evaluation at which a rule of it fired).
+Offline, evidence and impact are read over the incident's own span; live, over the window of
+the latest step. Live incidents also carry a number, the time they closed and every rule seen
+while open. The JSON is ``diagnose --format json``'s incident (docs/diagnose-json.md); live
+output adds ``id``, ``open``, ``closed`` and ``closed_s``.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ..numeric import json_number
+from ..signals import REGISTRY, Window
+from .rules import SEVERITY_RANK, Rule
+
+
+@dataclass(frozen=True)
+class CauseFinding:
+    rule: Rule
+    confidence: float
+    cause: str
+    evidence: dict[str, float]
+    #: the rule's fixes that apply to this incident, in order (Rule.fixes_for)
+    fixes: tuple
+
+
+@dataclass(frozen=True)
+class Incident:
+    symptom: str
+    start_s: float
+    end_s: float
+    causes: list[CauseFinding]  # ranked, best first
+    impact: dict[str, Any]
+    #: live only: its number in this run, when it closed (None: still open) and every rule
+    #: that fired while it was open, first seen first (causes holds the latest step's)
+    id: int | None = None
+    closed_s: float | None = None
+    rules_seen: tuple[str, ...] = field(default=())
+
+    @property
+    def top(self) -> CauseFinding:
+        return self.causes[0]
+
+    @property
+    def severity(self) -> str:
+        return max((c.rule.severity for c in self.causes), key=SEVERITY_RANK.__getitem__)
+
+    @property
+    def open(self) -> bool:
+        return self.closed_s is None
+
+    def to_json(self, label: Callable[[float], str] | None = None, arrivals_known: bool = True) -> dict[str, Any]:
+        """The JSON shape; ``label`` writes a time as people read it (default: a unix time in
+        UTC, as the sidecar's clock is)."""
+        label = label or (lambda t: time_label(t, 0.0, "unix"))
+        out: dict[str, Any] = {"id": self.id} if self.id is not None else {}
+        out |= {
+            "symptom": self.symptom,
+            "severity": self.severity,
+            "title": self.top.rule.title,
+            "start": label(self.start_s),
+            "end": label(self.end_s),
+            "start_s": json_number(self.start_s) if arrivals_known else None,
+            "end_s": json_number(self.end_s) if arrivals_known else None,
+            "impact": {k: json_number(v) for k, v in self.impact.items()},
+            "causes": [_cause_json(c) for c in self.causes],
+        }
+        if self.id is not None:
+            out |= {"open": self.open, "closed": None if self.open else label(self.closed_s),
+                    "closed_s": json_number(self.closed_s)}
+        return out
+
+
+def _cause_json(c: CauseFinding) -> dict[str, Any]:
+    return {
+        "rule": c.rule.id,
+        "title": c.rule.title,
+        "status": c.rule.status,  # experimental: proven only on simulated data
+        "cause": c.cause,
+        "confidence": round(c.confidence, 3),
+        "evidence": {name: {"value": json_number(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},
+        "not_measured": [name for name, v in c.evidence.items() if json_number(v) is None],
+        "fixes": [{"title": f.title, "why": f.why, "knobs": f.knobs} for f in c.fixes],
+        "references": list(c.rule.references),
+    }
+
+
+def time_label(t: float, start_s: float, clock: str, arrivals_known: bool = True) -> str:
+    """A time as people read it: ISO 8601 on a unix clock, ``+Ns`` from the start otherwise,
+    ``#N`` (the request's place in the file) when there are no arrival times."""
+    if not arrivals_known:
+        return f"#{t - start_s + 1:.0f}"
+    if clock == "unix" and t > 1e9:
+        return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"+{t - start_s:.0f}s"
+
+
+def incident_on(w: Window, symptom: str, start_s: float, end_s: float,
+                fired: Iterable[tuple[Rule, float, str]], slo: dict[str, float]) -> Incident:
+    """The incident of rules that fired (rule, confidence, cause title), its causes ranked and
+    their evidence, fixes and the impact read on ``w``."""
+    causes = [CauseFinding(rule, conf, title, {name: w.value(name) for name in rule.evidence}, rule.fixes_for(w.value, slo))
+              for rule, conf, title in fired]
+    causes.sort(key=lambda c: (-c.confidence, -SEVERITY_RANK[c.rule.severity], c.rule.id))
+    return Incident(symptom, start_s, end_s, causes, _impact(w, causes[0].rule, slo))
+
+
+def _impact(w: Window, top: Rule, slo: dict[str, float]) -> dict[str, Any]:
+    errors = w.value("errors")  # NaN: no request records and no engine failure counter
+    impact: dict[str, Any] = {"requests": w.n_requests, "errors": int(errors) if errors == errors else None}
+    if top.impact:
+        impact["signal"] = top.impact
+        impact["value"] = w.value(top.impact)
+        if top.impact in slo:
+            impact["slo"] = slo[top.impact]
+    return impact
