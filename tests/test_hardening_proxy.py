@@ -48,7 +48,7 @@ def test_a_malformed_upstream_answer_is_a_502_json_error_and_a_record(name, capl
 
 
 def _feed_seconds(total_bytes: int, chunk_bytes: int = 4096) -> float:
-    an = proxymod._Analysis("chat", time.time(), False)
+    an = proxymod.StreamAnnotator("chat", time.time(), False)
     an.start(200, "text/event-stream")
     chunk = b"data: " + b"x" * (chunk_bytes - 6)
     t0 = time.perf_counter()
@@ -88,7 +88,7 @@ def test_an_endless_sse_event_is_given_up_but_every_byte_is_relayed(caplog):
 
 def test_crlf_split_across_chunks_still_parses():
     payload = _chat_events(["a ", "b ", "c "]).replace(b"\n", b"\r\n")
-    an = proxymod._Analysis("chat", time.time(), False)
+    an = proxymod.StreamAnnotator("chat", time.time(), False)
     an.start(200, "text/event-stream")
     for i in range(0, len(payload), 7):  # splits land between \r and \n many times
         an.feed(payload[i:i + 7], float(i))

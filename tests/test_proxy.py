@@ -390,7 +390,7 @@ def test_fail_open_when_analysis_raises(monkeypatch, caplog):
     def boom(self, chunk, now):
         raise ValueError("analyser bug")
 
-    monkeypatch.setattr(proxymod._Analysis, "feed", boom)
+    monkeypatch.setattr(proxymod.StreamAnnotator, "feed", boom)
 
     async def main():
         sink = ListSink()
@@ -413,7 +413,7 @@ def test_fail_open_when_record_building_raises(monkeypatch):
     def boom(self, *a, **k):
         raise KeyError("record bug")
 
-    monkeypatch.setattr(proxymod._Analysis, "record", boom)
+    monkeypatch.setattr(proxymod, "build_record", boom)
     payload = _chat_events(["a ", "b "])
 
     assert _relay_once(payload).records == []
