@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from .capture.jsonl import json_lines
 from .collect.textstats import repetition
 from .diagnosis.rules import builtin_params
 from .errors import InputError
@@ -42,13 +43,7 @@ def read_prompts(path: Path) -> list[list[dict[str, str]]]:
     text = path.read_text()
     prompts: list[list[dict[str, str]]] = []
     if path.suffix in (".jsonl", ".json"):
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise InputError(f"{path}: line {n}: not valid JSON ({e.msg}); expected {{\"prompt\": ...}} or {{\"messages\": [...]}}") from None
+        for n, obj in json_lines(path, '{"prompt": ...} or {"messages": [...]}'):
             if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
                 prompts.append(obj["messages"])
             elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):

@@ -16,6 +16,7 @@ from kvdoctor import error_classes
 from kvdoctor.collect import textstats
 from kvdoctor.collect.proxy_stream import StreamAnnotator, error_message
 from kvdoctor.model import RequestRecord, derive_request
+from kvdoctor.numeric import percentile_sorted
 
 #: most characters of an error message kept in a record
 ERROR_CHARS = 200
@@ -86,8 +87,8 @@ def build_record(an: StreamAnnotator, request_body: bytes, block_chars: int, ser
         finish_s=finish,
         ttft_s=ttft,
         itl_s=itl,
-        itl_p50_s=_pct(srt, 50) if srt else None,
-        itl_p99_s=_pct(srt, 99) if srt else None,
+        itl_p50_s=percentile_sorted(srt, 50) if srt else None,
+        itl_p99_s=percentile_sorted(srt, 99) if srt else None,
         itl_max_s=srt[-1] if srt else None,
         e2e_s=e2e,
         queue_s=queue,
@@ -198,14 +199,6 @@ def _tokens(an: StreamAnnotator) -> tuple[int | None, int | None, int | None]:
     if cached is None:
         cached = _int(tm.get("cache_n"))
     return prompt_tokens, output_tokens, cached
-
-
-def _pct(sorted_xs: list[float], q: float) -> float:
-    """Linear-interpolated percentile of a sorted list (numpy's default method), no numpy."""
-    pos = (len(sorted_xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
 def _int(x: Any) -> int | None:
