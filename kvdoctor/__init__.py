@@ -3,8 +3,10 @@
 The library is the product; the CLI, the sidecar and the report are thin shells over it::
 
     import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+
     cap = kvdoctor.load("samples/multi-turn")
-    result = kvdoctor.diagnose(cap)
+    result = diagnose(cap)  # a Diagnosis: result.incidents, most severe first
 """
 __version__ = "0.1.0"
 

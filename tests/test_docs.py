@@ -1,0 +1,253 @@
+"""The docs stay true: every shell and Python block in README.md and docs/*.md runs here against
+the shipped samples, and the output a block shows must still come out.
+
+A block runs in a scratch folder holding links to samples/, rules/ and docs/, a copy of one
+sample as ``cap/`` (the name the docs use for "your capture") and a Hugging Face ``config.json``;
+what a block writes (``-o report.html``, ``-o alerts/``) lands there. ``kvdoctor`` and ``python``
+are this venv's, first on PATH. A block that cannot run here (a live server, a GPU, the network, a long install)
+says so right above it, and the reason is shown in the test id and the skip message:
+
+    <!-- docs-test: skip (needs a running server) -->
+
+Blocks with ``$ `` prompts show output: each shown line must appear in the command's output, in
+order (whitespace collapsed; a line cut short with ``…`` or ``...`` matches up to the cut). On
+``Evidence:`` and ``Impact:`` lines only the signal names are compared, not the measured values.
+Separately, every ``--option`` written after ``kvdoctor SUBCOMMAND`` anywhere in the docs, run
+or skipped, must be an option of that sub-command.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BIN = Path(sys.executable).parent
+CAP_SAMPLE = "aibrix-qps-4.1"  # the sample that plays `cap/`: 3.4 min of requests with arrival times
+SHELL = {"bash", "sh", "console", "shell"}
+MARKER = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<reason>.+)\)\s*-->")
+FENCE = re.compile(r"^(?P<fence>```+)\s*(?P<lang>[\w+-]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    text: str
+    skip: str | None  # the marker's reason, or None: the block runs
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def kind(self) -> str | None:
+        """"shell", "python" or None (output, diagrams, YAML, JSON: not run)."""
+        if self.lang in SHELL:
+            return "shell"
+        if self.lang == "python":
+            return "python"
+        first = self.text.lstrip().split("\n", 1)[0]
+        if self.lang == "" and (first.startswith("$ ") or first.startswith("kvdoctor ")):
+            return "shell"
+        return None
+
+
+def blocks(path: Path) -> list[Block]:
+    out, lines, i = [], path.read_text().split("\n"), 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start, body = i, []
+        i += 1
+        while i < len(lines) and lines[i].strip() != m["fence"]:
+            body.append(lines[i])
+            i += 1
+        prev = next((ln for ln in reversed(lines[:start]) if ln.strip()), "")
+        marker = MARKER.search(prev)
+        out.append(Block(path, start + 1, m["lang"], "\n".join(body), marker["reason"] if marker else None))
+        i += 1
+    return out
+
+
+ALL = [b for p in DOCS for b in blocks(p)]
+RUNNABLE = [b for b in ALL if b.kind]
+
+
+def _id(b: Block) -> str:
+    return b.where + (f" [skip: {b.skip}]" if b.skip else "")
+
+
+# ---------------------------------------------------------------- shown output
+
+
+def console_steps(text: str) -> list[tuple[str, list[str]]]:
+    """``$ cmd`` lines with the output lines shown after each; a block without prompts is one
+    command (the whole text) with nothing shown."""
+    if not any(ln.startswith("$ ") for ln in text.split("\n")):
+        return [(text, [])]
+    steps: list[tuple[str, list[str]]] = []
+    for ln in text.split("\n"):
+        if ln.startswith("$ "):
+            steps.append((ln[2:], []))
+        elif steps and ln.strip():
+            steps[-1][1].append(ln)
+    return steps
+
+
+def _norm(s: str) -> str:
+    return " ".join(s.split())
+
+
+def _names(line: str) -> list[str]:
+    """Signal names on an Evidence/Impact line: the words before each ` = `."""
+    return re.findall(r"([\w.]+) = ", line)
+
+
+def shown_line_found(shown: str, actual: str) -> bool:
+    s, a = _norm(shown), _norm(actual)
+    if s.startswith(("Evidence:", "Impact:")):
+        return a.split(":", 1)[0] == s.split(":", 1)[0] and _names(s) == _names(a)
+    for cut in ("…", "..."):
+        if cut in s:
+            return a.startswith(s.split(cut, 1)[0].rstrip())
+    return s == a
+
+
+def missing_lines(shown: list[str], output: str) -> list[str]:
+    """Shown lines not found in the output, in order (each after the previous match)."""
+    actual, at, missing = output.split("\n"), 0, []
+    for s in shown:
+        hit = next((j for j in range(at, len(actual)) if shown_line_found(s, actual[j])), None)
+        if hit is None:
+            missing.append(s)
+        else:
+            at = hit + 1
+    return missing
+
+
+# ---------------------------------------------------------------- running
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("docs")
+    for name in ("samples", "rules", "docs"):
+        (d / name).symlink_to(ROOT / name)
+    shutil.copytree(ROOT / "samples" / CAP_SAMPLE, d / "cap")
+    shutil.copy(ROOT / "tests" / "data" / "hf_configs" / "gpt-oss-20b.json", d / "config.json")
+    return d
+
+
+def run_shell(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": "120"}
+    env.pop("KVDOCTOR_DEBUG", None)
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", cmd], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=_id)
+def test_doc_block_runs(block: Block, scratch: Path):
+    if block.skip:
+        pytest.skip(f"{block.where}: {block.skip}")
+    if block.kind == "python":
+        steps = [(f"python - <<'PYTHON_DOC_BLOCK'\n{block.text}\nPYTHON_DOC_BLOCK", [])]
+    else:
+        steps = console_steps(block.text)
+    for cmd, shown in steps:
+        got = run_shell(cmd, scratch)
+        assert got.returncode == 0, f"{block.where}: `{cmd}` exited {got.returncode}:\n{got.stderr[-2000:]}"
+        missing = missing_lines(shown, got.stdout)
+        assert not missing, (f"{block.where}: `{cmd}` no longer prints these shown lines (regenerate the "
+                             f"block):\n" + "\n".join(missing) + f"\n--- it printed:\n{got.stdout[-3000:]}")
+
+
+def test_every_runnable_block_is_run_or_marked():
+    """A marker must sit on a block that would otherwise run: a stale marker on an output block
+    hides nothing, and says so."""
+    stray = [b.where for b in ALL if b.skip and not b.kind]
+    assert not stray, f"docs-test markers on blocks that are not run anyway: {stray}"
+
+
+def test_module_docstring_example_runs(scratch: Path):
+    """The ``::`` example in kvdoctor/__init__.py's docstring is the first code a library user sees."""
+    import kvdoctor
+
+    example = kvdoctor.__doc__.split("::", 1)[1]
+    code = "\n".join(ln[4:] for ln in example.split("\n"))
+    got = run_shell(f"python - <<'PYTHON_DOC_BLOCK'\n{code}\nPYTHON_DOC_BLOCK", scratch)
+    assert got.returncode == 0, got.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- options named in the docs
+
+
+def _commands_in(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every `kvdoctor ...` command: in code blocks (continuation lines joined)
+    and in inline code spans."""
+    found, lines = [], path.read_text().split("\n")
+    in_block, joined, joined_at = False, "", 0
+    for n, ln in enumerate(lines, 1):
+        if FENCE.match(ln) or ln.strip().startswith("```"):
+            in_block = not in_block
+            continue
+        if in_block:
+            text = ln[2:] if ln.startswith("$ ") else ln
+            if not joined:
+                joined_at = n
+            joined += " " + text.rstrip("\\").strip()
+            if not ln.rstrip().endswith("\\"):
+                found.append((joined_at, joined))
+                joined = ""
+        else:
+            found += [(n, span) for span in re.findall(r"`([^`]+)`", ln)]
+    return [(n, m) for n, text in found for m in re.findall(r"(?<![\w/.-])kvdoctor\s+[^#|;&]*", text)]
+
+
+def _options() -> dict[tuple[str, ...], set[str]]:
+    import click
+
+    from kvdoctor.cli import COMMANDS, cli
+
+    ctx, table = click.Context(cli), {}
+
+    def walk(cmd, path):
+        table[path] = {o for p in cmd.params for o in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]}
+        table[path] |= {"--help", "-h"}
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, name), (*path, name))
+
+    for name in COMMANDS:
+        walk(cli.get_command(ctx, name), (name,))
+    return table
+
+
+def test_documented_options_exist():
+    table, wrong = _options(), []
+    for path in DOCS:
+        for line, cmd in _commands_in(path):
+            words = cmd.split()[1:]
+            key: tuple[str, ...] = ()
+            for w in words:
+                if (*key, w) in table:
+                    key = (*key, w)
+                else:
+                    break
+            if not key:
+                continue  # prose ("kvdoctor attaches …"), not a command
+            for opt in re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", " ".join(words[len(key):])):
+                if opt.startswith("--") or len(opt) == 2:
+                    if opt not in table[key]:
+                        wrong.append(f"{path.relative_to(ROOT)}:{line}: kvdoctor {' '.join(key)} has no {opt}")
+    assert not wrong, "\n".join(wrong)
