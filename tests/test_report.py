@@ -17,7 +17,7 @@ import pyarrow as pa
 import kvdoctor
 from kvdoctor.capture.reader import Capture, Columns, EngineSeries
 from kvdoctor.diagnosis import Options, diagnose, load_rules, parse_slo
-from kvdoctor.diagnosis.evaluate import CauseFinding, Incident
+from kvdoctor.diagnosis.incident import CauseFinding, Incident
 from kvdoctor.diagnosis.rules import chart_ids, schema
 from kvdoctor.model import CaptureMeta
 from kvdoctor.report import figures as F
@@ -236,7 +236,7 @@ def test_an_incident_shows_its_rules_charts_then_its_symptoms():
     everything = dict.fromkeys(F.BUILDERS)
 
     def incident(*rs):
-        return Incident(rs[0].symptom, 0.0, 1.0, rs[0].severity, [CauseFinding(r, 0.9, "", {}, ()) for r in rs], {})
+        return Incident(rs[0].symptom, 0.0, 1.0, [CauseFinding(r, 0.9, "", {}, ()) for r in rs], {})
 
     assert F.charts_for(incident(rules["kv-oom"]), everything) == ["memory", "prompt-lengths", "errors"]
     assert F.charts_for(incident(rules["prefill-bound"], rules["queueing-saturation"]), everything) == [
