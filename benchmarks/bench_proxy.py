@@ -63,7 +63,11 @@ TOPICS = ["rivers", "bread", "clocks", "bicycles", "owls", "trains", "tea", "bri
 
 from kvdoctor.testing.llama_server import free_port  # noqa: E402
 from kvdoctor.testing.nginx import write_conf  # noqa: E402
-from kvdoctor.testing.loadgen import percentile as pct  # noqa: E402
+from kvdoctor.numeric import percentile_sorted  # noqa: E402
+
+
+def pct(xs, q: float) -> float | None:
+    return percentile_sorted(sorted(xs), q)
 
 
 def ms(x: float | None) -> float | None:
