@@ -7,7 +7,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from ..model import CaptureMeta, to_dict
-from .reader import SCHEMAS, Capture, Columns, _derive, _engine_series
+from .columns import SCHEMAS, Capture, Columns
+from .derived import _derive, _engine_series
 
 
 def _dicts(records: Iterable[Any]) -> list[dict[str, Any]]:

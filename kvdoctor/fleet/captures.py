@@ -37,7 +37,8 @@ def meta_for(data: FleetData) -> CaptureMeta:
 def from_capture(folder: str | Path) -> FleetData:
     """A capture saved by ``import prometheus-range`` (or any multi-server engine capture) split
     back into instances for offline replay."""
-    from ..capture.reader import _read_dicts, load_meta
+    from ..capture.reader import load_meta
+    from ..capture.segment_reader import _read_dicts
 
     folder = Path(folder)
     meta = load_meta(folder)

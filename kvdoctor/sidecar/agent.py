@@ -1,9 +1,11 @@
 """The sidecar loop: sources -> capture on disk + recent-past buffer -> live diagnosis ->
 terminal, webhook, /metrics, OpenTelemetry.
 
-Polled sources run in worker threads on their own interval; push sources (proxy, OTLP
-receiver) emit from the event loop. A source that cannot read is recorded once (capture meta
-and log) and retried; nothing a source or the server does makes the agent exit.
+This module holds the configuration, the listeners and the run/shutdown sequence; the agent's
+other responsibilities are mixed in from recording (the Sink, polled sources, /healthz),
+live (the diagnosis loop and incident announcements) and report_page (/report).
+Push sources (proxy, OTLP receiver) emit from the event loop. Nothing a source or the server
+does makes the agent exit.
 """
 from __future__ import annotations
 
@@ -23,14 +25,16 @@ from typing import Any, Callable
 from .. import __version__
 from ..capture import CaptureWriter
 from ..capture.queued import QueuedWriter
-from ..capture.writer import kind_of
-from ..capture.memory import from_records
+from ..collect.base import PolledCollector
 from ..diagnosis import Incident, Options, Rule
-from ..errors import InputError
 from ..diagnosis.live import LiveDiagnoser
-from ..model import CaptureMeta, EngineSample, Event, GpuSample, RequestRecord
+from ..errors import InputError
+from ..model import CaptureMeta
+from .live import LiveDiagnosis
+from .recording import Recording
+from .report_page import REPORT_TIMEOUT_S, ReportPage  # noqa: F401  (importable here as before)
 from .serve import Metrics, make_app
-from ..collect.base import PolledCollector, SourceUnavailable
+
 
 log = logging.getLogger("kvdoctor.attach")
 
@@ -84,7 +88,9 @@ class AttachConfig:
     on_change: Callable[[str, Incident], None] | None = None
 
 
-class Agent:
+class Agent(Recording, LiveDiagnosis, ReportPage):
+    """The sidecar: ``await Agent(cfg).run()`` until stopped (signal, ``duration_s`` or :meth:`stop`)."""
+
     def __init__(self, cfg: AttachConfig):
         self.cfg = cfg
         meta = CaptureMeta(created_unix_s=time.time(), server=cfg.server_url, origin="attach",
@@ -118,236 +124,7 @@ class Agent:
         self.reports_rendered = 0
         self._render_pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-    # -- the Sink protocol: every record from every source comes through here ----------------
-    def emit(self, record: Any) -> None:
-        """Never raises: whatever goes wrong in recording one record is counted and logged once."""
-        try:
-            self._emit(record)
-        except Exception as e:  # noqa: BLE001 - a push source (the proxy) must never see our errors
-            self.collector_error("capture", e)
-
-    def _emit(self, record: Any) -> None:
-        kind = kind_of(record)
-        self.writer.write(record)  # queued: the disk is the writer thread's business
-        self._recent[kind].append(record)
-        self.metrics["kvdoctor_capture_records_total"].labels(kind=kind).inc()
-        if isinstance(record, RequestRecord):
-            self.metrics["kvdoctor_requests_total"].labels(status=record.status or "ok").inc()
-        elif isinstance(record, GpuSample):
-            gpu = str(record.gpu_index)
-            for name, value in (("kvdoctor_gpu_memory_used_bytes", record.mem_used_bytes),
-                                ("kvdoctor_gpu_memory_total_bytes", record.mem_total_bytes),
-                                ("kvdoctor_gpu_memory_bandwidth_ratio",
-                                 record.dram_bw_util_frac if record.dram_bw_util_frac is not None else record.mem_util_frac)):
-                if value is not None:
-                    self.metrics[name].labels(gpu=gpu).set(value)
-        elif isinstance(record, EngineSample) and "kv_usage_frac" in record.values:
-            self.metrics["kvdoctor_kv_usage_ratio"].set(record.values["kv_usage_frac"])
-        elif isinstance(record, Event):
-            if record.kind in ("server-down", "server-up", "server-restart"):
-                self.metrics["kvdoctor_server_up"].set(0 if record.kind == "server-down" else 1)
-                log.warning("server event: %s %s", record.kind, record.detail.get("reason", ""))
-            if record.kind == "config":
-                detail = {k: v for k, v in record.detail.items() if k != "engine"}
-                self.writer.update_meta(config={**self.writer.meta.config, **detail, **self.cfg.engine_config},
-                                        engine=record.detail.get("engine") or self.writer.meta.engine)
-                self._set_info(self.writer.meta.engine)
-
-    def collector_error(self, source: str, exc: BaseException) -> None:
-        """An unexpected error in a source or in recording its records: counted (healthz, the
-        kvdoctor_collector_errors_total metric), logged once per distinct error, never raised."""
-        text = f"{type(exc).__name__}: {str(exc)[:300]}"
-        entry = self.errors.setdefault(source, {"count": 0, "last": ""})
-        entry["count"] += 1
-        entry["last"] = text
-        try:
-            self.metrics["kvdoctor_collector_errors_total"].labels(source=source).inc()
-        except Exception:  # noqa: BLE001
-            pass
-        key = (source, text)
-        if key not in self._errors_logged and len(self._errors_logged) < 1000:
-            self._errors_logged.add(key)
-            log.error("%s: %s (counted in /healthz; going on)", source, text, exc_info=exc)
-
-    def _set_info(self, engine: str | None) -> None:
-        info = self.metrics["kvdoctor_info"]
-        info.clear()
-        info.labels(server=self.cfg.server_url, engine=engine or "", version=__version__).set(1)
-
-    def source_status(self, name: str, ok: bool, detail: str = "") -> None:
-        if self._status.get(name) == (ok, detail):
-            return
-        was = self._status.get(name)
-        self._status[name] = (ok, detail)
-        self.metrics["kvdoctor_source_up"].labels(source=name).set(1 if ok else 0)
-        try:
-            self.writer.source_status(name, ok, detail)
-        except Exception as e:  # noqa: BLE001 - the status is in memory and /healthz either way
-            self.collector_error("capture", e)
-        if not ok:
-            log.warning("%s: %s", name, detail)
-        elif was is not None and not was[0]:
-            log.info("%s: reading again", name)
-
-    # -- loops --------------------------------------------------------------------------
-    async def _poll(self, c: PolledCollector) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stop.is_set():
-            now = time.time()
-            try:
-                try:
-                    records = await loop.run_in_executor(self._pool, c.collect, now)
-                    status = (True, "")
-                except SourceUnavailable as e:
-                    records, status = e.records, (False, str(e))
-                except Exception as e:  # noqa: BLE001 - a bug in one source must not stop it or the others
-                    self.collector_error(c.name, e)
-                    records, status = [], (False, f"{type(e).__name__}: {str(e)[:300]}")
-                self.source_status(c.name, *status)
-                for r in records:
-                    self.emit(r)
-            except Exception as e:  # noqa: BLE001 - the loop goes on, whatever happened in it
-                if self._stop.is_set():  # shutting down: the pool may be gone already
-                    return
-                self.collector_error(c.name, e)
-            try:
-                await asyncio.wait_for(self._stop.wait(), max(c.interval_s - (time.time() - now), 0.0))
-            except asyncio.TimeoutError:
-                pass
-
-    async def _diagnose_loop(self) -> None:
-        step = self.cfg.options.step_s
-        while not self._stop.is_set():
-            try:
-                await asyncio.wait_for(self._stop.wait(), step)
-            except asyncio.TimeoutError:
-                pass
-            try:
-                # the evaluation runs in a worker thread: on the event loop it would hold up the
-                # proxy's requests for its whole duration (their arrival stamps included)
-                now_s = time.time()
-                recent = self._snapshot(now_s)
-                opened, closed = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, self._evaluate, recent, now_s)
-                self._announce_changes(opened, closed)
-            except Exception:
-                log.exception("live diagnosis failed (capture continues)")
-
-    def _snapshot(self, now_s: float) -> dict[str, list]:
-        """The recent records as lists (on the loop thread, which appends to the deques)."""
-        keep_s = self.cfg.options.lookback_s + max((r.for_s for r in self.cfg.rules), default=0) + 60
-        for dq in self._recent.values():
-            while dq and _time(dq[0]) < now_s - keep_s:
-                dq.popleft()
-        recent = {k: list(v) for k, v in self._recent.items()}
-        if self._proxy is not None:  # requests still waiting or streaming count too (live only)
-            recent["requests"] += self._proxy.in_flight_records()
-        return recent
-
-    def _evaluate(self, recent: dict[str, list], now_s: float) -> tuple[list[Incident], list[Incident]]:
-        cap = from_records(self.writer.meta, **recent)
-        with self._live_lock:  # one step at a time (the final step at shutdown may meet a running one)
-            opened, closed = self.live.step(cap, now_s)
-            self.steps += 1
-            self._export_percentiles(self.live.last_window)
-        return opened, closed
-
-    def diagnose_now(self, now_s: float | None = None) -> tuple[list[Incident], list[Incident]]:
-        """One live step, synchronously (tests; the running sidecar uses _diagnose_loop)."""
-        now_s = now_s or time.time()
-        opened, closed = self._evaluate(self._snapshot(now_s), now_s)
-        self._announce_changes(opened, closed)
-        return opened, closed
-
-    def _announce_changes(self, opened: list[Incident], closed: list[Incident]) -> None:
-        for inc in opened:
-            self.metrics["kvdoctor_incidents_opened_total"].labels(rule=inc.top.rule.id).inc()
-            self._announce("opened", inc)
-        for inc in closed:
-            self._announce("closed", inc)
-        active = self.metrics["kvdoctor_incident_active"]
-        active.clear()
-        for inc in self.live.open_incidents:
-            active.labels(rule=inc.top.rule.id, symptom=inc.symptom, severity=inc.severity).set(1)
-
-    def _export_percentiles(self, w) -> None:
-        for prefix, metric in (("ttft", "kvdoctor_ttft_seconds"), ("tpot", "kvdoctor_tpot_seconds"),
-                               ("itl", "kvdoctor_itl_seconds"), ("e2e", "kvdoctor_e2e_seconds")):
-            for q in (50, 90, 99):
-                name = f"{prefix}_p{q}_s"
-                if name not in ("itl_p90_s",):
-                    v = w.value(name)
-                    if v == v:
-                        self.metrics[metric].labels(quantile=f"0.{q}").set(v)
-        # NaN (not growing, or no KV gauge) replaces the last forecast: a stale "full in 2 min"
-        # would outlive the pressure that made it
-        self.metrics["kvdoctor_kv_full_forecast_seconds"].set(w.value("kv_full_forecast_min") * 60)
-        if self.otel:
-            self.otel.percentiles({m: w.value(m) for m in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")})
-
-    def _announce(self, what: str, inc: Incident) -> None:
-        from ..report.summary import live_incident_text
-
-        from ..units import printable
-
-        text = live_incident_text(inc, what, self.writer.meta.engine)
-        log.warning("%s", printable(text))
-        if self.cfg.on_change:
-            self.cfg.on_change(what, inc)
-        self.writer.write(Event(time_s=time.time(), kind=f"incident-{what}",
-                                detail={"id": inc.id, "rule": inc.top.rule.id, "symptom": inc.symptom}))
-        if self.cfg.webhook:
-            asyncio.get_running_loop().create_task(self._post_webhook(text, what, inc))
-        if self.otel:
-            self.otel.incident(what, inc)
-
-    async def _post_webhook(self, text: str, what: str, inc: Incident) -> None:
-        import aiohttp
-
-        body = {"text": text, "event": what, "incident": inc.to_json()}
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
-                async with s.post(self.cfg.webhook, json=body) as resp:
-                    if resp.status >= 300:
-                        log.warning("webhook answered HTTP %s", resp.status)
-        except Exception as e:
-            log.warning("webhook failed: %s", e)
-
     # -- lifecycle ----------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
-        w = self.writer
-        dropped = {k: n + w.queue_dropped[k] for k, n in w.dropped.items() if n + w.queue_dropped[k]}
-        return {"status": "degraded" if w.last_error else "ok",
-                "uptime_s": round(time.time() - self.started_s, 1), "capture": str(self.cfg.capture_dir),
-                "records": dict(w.counts), "capture_dropped": dropped, "capture_error": w.last_error,
-                "sources": {k: {"ok": v[0], "detail": v[1]} for k, v in self._status.items()},
-                "errors": {k: dict(v) for k, v in self.errors.items()},
-                "open_incidents": len(self.live.open_incidents)}
-
-    def report_html(self) -> str | None:
-        try:
-            import plotly  # noqa: F401  (the report's one optional dependency)
-        except ImportError:
-            return None
-
-        with self._report_lock:  # one render at a time; a page per capture size, reused until records arrive
-            self.writer.flush()  # every queued record on disk first
-            key = sum(self.writer.counts.values())
-            if self._report_cache is not None and self._report_cache[0] == key:
-                return self._report_cache[1]
-            # in a process of its own: rendering is seconds of Python, and in a thread it would
-            # hold the GIL the proxy relays with (measured: hundreds of ms added to TTFT P99)
-            if self._render_pool is None:
-                import multiprocessing
-
-                self._render_pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            html = self._render_pool.submit(_render_report, str(self.cfg.capture_dir), self.cfg.rules,
-                                            self.cfg.options).result(timeout=REPORT_TIMEOUT_S)
-            self._report_cache = (key, html)
-            self.reports_rendered += 1
-            return html
-
     async def _start_http(self) -> None:
         from aiohttp import web
 
@@ -399,16 +176,6 @@ class Agent:
         log.info("stopping: closing the capture")
         self.stop()
 
-    def capture_problem(self) -> str | None:
-        """After ``run``: why the capture is incomplete (records dropped, meta not written), or None."""
-        w = self.writer
-        lost = sum(w.dropped.values()) + sum(w.queue_dropped.values())
-        if lost:
-            return f"{lost} record(s) could not be written ({w.last_error or 'disk full or read-only'})"
-        if w.last_error:
-            return f"the capture could not be fully written ({w.last_error})"
-        return None
-
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -446,24 +213,6 @@ class Agent:
                 self._render_pool.shutdown(wait=False, cancel_futures=True)
             self.writer.close()
 
-
-REPORT_TIMEOUT_S = 120.0
-
-
-def _render_report(capture_dir: str, rules: list[Rule], options: Options) -> str:
-    """/report's page, in the render process."""
-    from ..capture import load
-    from ..diagnosis import diagnose
-    from ..report.html import render_html
-
-    return render_html(diagnose(load(capture_dir), rules, options))
-
-
-def _time(record: Any) -> float:
-    t = getattr(record, "time_s", None)
-    if t is None:
-        t = record.finish_s or record.arrival_s or 0.0
-    return t
 
 
 def exit_promptly(code: int, grace_s: float = SHUTDOWN_GRACE_S) -> None:
