@@ -267,7 +267,7 @@ def test_a_failing_collector_is_counted_logged_once_and_retried(tmp_path, caplog
     assert sum("a bug" in r.getMessage() for r in caplog.records) == 1
 
 
-# -- 7. /report off the loop, cached per capture size -------------------------------------------------
+# -- 7. /report off the loop, cached per capture size and for a while ------------------------------
 def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
     from kvdoctor.model import RequestRecord
 
@@ -284,7 +284,14 @@ def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
             with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
                 pages.append(r.read())
         assert agent.reports_rendered == 1 and pages[0] == pages[1] == pages[2] and b"<html" in pages[0].lower()
+        # new records within the reuse window: the page is reused (steady traffic adds records
+        # every request; a dashboard polling every second must not keep a core rendering)
         agent.writer.write(RequestRecord(request_id="new", arrival_s=time.time(), ttft_s=0.1))
+        with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
+            assert r.read() == pages[0]
+        assert agent.reports_rendered == 1
+        # past the window, new records get a new page
+        agent.report_reuse_s = 0.0
         with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
             r.read()
         assert agent.reports_rendered == 2

@@ -120,7 +120,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvdoctor-source")
         self._live_lock = threading.Lock()
         self._report_lock = threading.Lock()
-        self._report_cache: tuple[int, str] | None = None
+        self._report_cache: tuple[int, float, str] | None = None
         self.reports_rendered = 0
         self._render_pool: concurrent.futures.ProcessPoolExecutor | None = None
 

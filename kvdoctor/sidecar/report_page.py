@@ -1,15 +1,21 @@
 """The agent's /report page: the capture so far diagnosed and rendered in a process of its own,
-one render at a time, reused until new records arrive."""
+one render at a time, reused until new records arrive and, under steady traffic, for
+REPORT_REUSE_S (the page says when it was rendered)."""
 from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from typing import Any
 
 from ..capture.queued import QueuedWriter
 from ..diagnosis import Options, Rule
 
 REPORT_TIMEOUT_S = 120.0
+#: a page is reused this long even when records arrived since: a render is a second or more of a
+#: core (load, diagnose, plot), and on a busy server every request adds records, so a dashboard
+#: polling /report every second would keep a core rendering beside the engine and the proxy
+REPORT_REUSE_S = 10.0
 
 
 class ReportPage:
@@ -19,7 +25,8 @@ class ReportPage:
     writer: QueuedWriter
     reports_rendered: int
     _report_lock: threading.Lock
-    _report_cache: tuple[int, str] | None
+    _report_cache: tuple[int, float, str] | None  # (records at render, monotonic time, page)
+    report_reuse_s: float = REPORT_REUSE_S
     _render_pool: concurrent.futures.ProcessPoolExecutor | None
 
     def report_html(self) -> str | None:
@@ -30,9 +37,11 @@ class ReportPage:
 
         with self._report_lock:  # one render at a time; a page per capture size, reused until records arrive
             self.writer.flush()  # every queued record on disk first
-            key = sum(self.writer.counts.values())
-            if self._report_cache is not None and self._report_cache[0] == key:
-                return self._report_cache[1]
+            key, now = sum(self.writer.counts.values()), time.monotonic()
+            if self._report_cache is not None:
+                n, at, page = self._report_cache
+                if n == key or now - at < self.report_reuse_s:
+                    return page
             # in a process of its own: rendering is seconds of Python, and in a thread it would
             # hold the GIL the proxy relays with (measured: hundreds of ms added to TTFT P99)
             if self._render_pool is None:
@@ -42,7 +51,7 @@ class ReportPage:
                     max_workers=1, mp_context=multiprocessing.get_context("spawn"))
             html = self._render_pool.submit(_render_report, str(self.cfg.capture_dir), self.cfg.rules,
                                             self.cfg.options).result(timeout=REPORT_TIMEOUT_S)
-            self._report_cache = (key, html)
+            self._report_cache = (key, time.monotonic(), html)
             self.reports_rendered += 1
             return html
 
