@@ -15,6 +15,7 @@ import pytest
 import kvdoctor
 from kvdoctor.capture import CaptureWriter
 from kvdoctor.compare import compare, parse_side
+from kvdoctor.compare import bootstrap as B
 from kvdoctor.compare import stats as S
 from kvdoctor.compare.measures import HEADLINE
 from kvdoctor.compare.render import markdown, text, to_json
@@ -350,8 +351,8 @@ def test_render_compare_html_library_call():
 def test_percentile_replicates_equal_numpy_on_the_resample():
     rng = np.random.default_rng(0)
     x = np.sort(rng.lognormal(0, 1, 300))
-    counts = S._counts(np.random.default_rng(1), [np.arange(300)], 300, 5, [300])
-    reps = S._linear_from_counts(x, counts, np.array([50.0, 90.0, 99.0]))
+    counts = B._counts(np.random.default_rng(1), [np.arange(300)], 300, 5, [300])
+    reps = B._linear_from_counts(x, counts, np.array([50.0, 90.0, 99.0]))
     for row, c in zip(reps, counts):
         np.testing.assert_allclose(row, np.percentile(np.repeat(x, c), [50, 90, 99]))
 

@@ -9,7 +9,7 @@ from ..capture import Capture
 from ..errors import InputError
 from ..numeric import json_number
 from ..signals import REGISTRY, Prepared
-from ..signals.window import READ_BURST_S
+from ..signals.prepared import READ_BURST_S
 from .coverage import NotEvaluated, context_limit, not_evaluated
 from .evaluate import Options, incidents
 from .incident import Incident, time_label

@@ -5,6 +5,7 @@ to them by name. `kvdoctor signals` lists them.
 """
 from . import decode, host, interference, latency, load, memory, outcomes, sessions  # noqa: F401  (modules register their signals)
 from .registry import REGISTRY, Signal, signal
-from .window import Prepared, Window
+from .prepared import Prepared
+from .window import Window
 
 __all__ = ["REGISTRY", "Prepared", "Signal", "Window", "signal"]

@@ -70,7 +70,7 @@ def errors(w):
 def _class_count(w, *names: str) -> float:
     """Requests in the window whose error class (kvdoctor/error_classes.py) is one of ``names``;
     NaN without request records (an engine's failure counter does not say why)."""
-    from .window import class_codes
+    from .prepared import class_codes
 
     if w.n_requests == 0:
         return np.nan
