@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from kvdoctor.testing import llama_server as ls
+from kvdoctor.testing import llama_build as ls
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")

