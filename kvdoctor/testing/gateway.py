@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
 
 from . import loadgen
 from .llama_server import LlamaServer, free_port
@@ -64,11 +63,7 @@ def record(out: Path, n: int = 30, concurrency: int = 6) -> list[loadgen.ClientT
                 gate.wait(10)
     finally:
         shutil.rmtree(conf_dir, ignore_errors=True)
-    with open(out / "client-timings.jsonl", "wb") as f:
-        for x in timings:
-            d = x.to_dict()
-            d.pop("chunk_times_s", None)
-            f.write(orjson.dumps(d) + b"\n")
+    loadgen.write_timings(out / "client-timings.jsonl", timings)
     return timings
 
 

@@ -29,9 +29,11 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import aiohttp
+import orjson
 
 from ..numeric import json_number, percentile_sorted
 from .workloads import (  # noqa: F401  (re-exported: tests, benchmarks and scenarios use loadgen.NAME)
@@ -268,6 +270,16 @@ async def run_load(url: str, requests: Sequence[ChatRequest], concurrency: int,
 
 
 # --------------------------------------------------------------------------- summary
+
+
+def write_timings(path: Path, timings: Sequence[ClientTiming]) -> None:
+    """The client's own timings as JSON lines (``client-timings.jsonl`` beside a capture: the
+    ground truth the tests pair the capture with), without the per-chunk arrival times."""
+    with open(path, "wb") as f:
+        for x in timings:
+            d = x.to_dict()
+            d.pop("chunk_times_s", None)
+            f.write(orjson.dumps(d) + b"\n")
 
 
 def summarize(timings: Sequence[ClientTiming]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import orjson
 
 from ..sidecar.agent import Agent, AttachConfig
 from ..collect.host import HostCollector
@@ -272,11 +271,7 @@ def run(scenario: Scenario, out: Path, *, log=print, engine: str = "llamacpp", s
                 ok = sum(1 for x in got if x.status == "ok")
                 log(f"{scenario.name}: phase {i + 1}: {ok}/{len(got)} ok in {time.monotonic() - t:.0f} s")
             time.sleep(1.5)  # one more scrape after the last request
-    with open(out / "client-timings.jsonl", "wb") as f:
-        for x in timings:
-            d = x.to_dict()
-            d.pop("chunk_times_s", None)
-            f.write(orjson.dumps(d) + b"\n")
+    loadgen.write_timings(out / "client-timings.jsonl", timings)
     return timings
 
 
