@@ -35,7 +35,7 @@ class ReportPage:
         except ImportError:
             return None
 
-        with self._report_lock:  # one render at a time; a page per capture size, reused until records arrive
+        with self._report_lock:  # one render at a time
             self.writer.flush()  # every queued record on disk first
             key, now = sum(self.writer.counts.values()), time.monotonic()
             if self._report_cache is not None:

@@ -209,8 +209,8 @@ def long_overlap_over_plain(w):
     g = window_gaps(w)
     if g is None:
         return float("nan")
-    uncached = w.r("prompt_tokens") - np.nan_to_num(w.r("cached_prompt_tokens"))  # as prompt_max_tokens
-    uncached = uncached[np.isfinite(uncached)]
+    _, _, tokens = prefill_windows(w.prep)  # the uncached prompts prompt_max_tokens is made of
+    uncached = tokens[w.req][np.isfinite(w.r("prompt_tokens"))]
     if len(uncached) < 5:
         return float("nan")
     p50, p90 = np.percentile(uncached, [50, 90])
