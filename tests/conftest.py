@@ -43,6 +43,14 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{secs:8.1f} s  {path}")
 
 
+def request_records(cap) -> list:
+    """A capture's requests as RequestRecords, to re-stamp and rebuild with from_records."""
+    from kvdoctor.model import RequestRecord
+
+    rows = cap.requests.table.to_pylist()
+    return [RequestRecord(**{k: v for k, v in r.items() if v is not None}) for r in rows]
+
+
 def poll(check, timeout_s: float = 30.0, what: str = "condition", every_s: float = 0.25):
     """Wait until ``check()`` returns something truthy and return it; fail naming ``what``.
     Tests on real servers wait for a state, never for a fixed time: a busy machine is slower."""

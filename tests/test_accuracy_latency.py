@@ -3,16 +3,21 @@ Llama-3.1-8B on an A100-80GB under vLLM (tests/data/traces/aibrix, see tests/dat
 and the real llama-server samples. Expected verdicts are written from the raw numbers of the
 source files, which the tests recompute from the CSV where they compare."""
 import csv
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kvdoctor
+from kvdoctor.capture.memory import from_records
 from kvdoctor.cli import cli
 from kvdoctor.diagnosis import diagnose
+from kvdoctor.model import derive_request
 from kvdoctor.signals import Prepared
 from kvdoctor.signals.registry import fit
+
+from conftest import request_records
 
 ROOT = Path(__file__).resolve().parent.parent
 AIBRIX = ROOT / "tests" / "data" / "traces" / "aibrix"
@@ -109,6 +114,25 @@ def test_hits_that_waited_still_count_as_hits(tmp_path):
     assert np.exp(np.diff(np.log(np.sort(raw["ttft"]))).max()) < 4  # no empty 4x gap in the raw file
     assert 0.03 <= hm.evidence["ttft_fast_mode_frac"] <= 0.15
     assert 0.7 <= hm.evidence["ttft_slow_mode_over_prefill"] <= 1.5
+
+
+def test_queue_after_a_slow_start_is_not_hit_miss():
+    """samples/vllm-saturation (real vLLM, 4 slots, arrivals above capacity) with its first three
+    requests held 30 s, as an engine that stalls at start (a cold compile, a CPU starved by its
+    neighbours: CI once measured a 2.45 s low-load TTFT on this scenario) holds them. The
+    low-load prefill speed then has waiting in it, and queued requests sit near that cost like
+    misses, beside a cluster that came before the queue grew. Hits and misses do not depend on
+    the load a request meets: the slow cluster met a server twice as busy, so it waited."""
+    cap = kvdoctor.load(SAMPLES / "vllm-saturation")
+    recs = sorted(request_records(cap), key=lambda r: r.arrival_s)
+    held = [derive_request(dataclasses.replace(r, first_token_s=r.first_token_s + 30, finish_s=r.finish_s + 30,
+                                               ttft_s=None, e2e_s=None)) if i < 3 else r for i, r in enumerate(recs)]
+    slow_start = from_records(cap.meta, requests=held)
+    w = _whole(slow_start)
+    assert w.value("ttft_slow_mode_over_prefill") <= 2.0  # queued requests near the (inflated) prefill cost
+    assert w.value("ttft_cache_bimodal") == 0
+    causes = _causes(diagnose(slow_start))
+    assert "prefix-cache-hit-miss" not in causes and "queueing-saturation" in causes
 
 
 def test_a_split_both_sides_cached_is_not_hit_miss():

@@ -17,14 +17,9 @@ from kvdoctor.model import RequestRecord, derive_request
 from kvdoctor.signals import Prepared
 from kvdoctor.signals.window import READ_BURST_S
 
-from conftest import ROOT
+from conftest import ROOT, request_records
 
 SAMPLES = ROOT / "samples"
-
-
-def _records(cap) -> list[RequestRecord]:
-    rows = cap.requests.table.to_pylist()
-    return [RequestRecord(**{k: v for k, v in r.items() if v is not None}) for r in rows]
 
 
 def _read_in_one_burst(r: RequestRecord) -> RequestRecord:
@@ -39,7 +34,7 @@ def _read_in_one_burst(r: RequestRecord) -> RequestRecord:
 @pytest.fixture(scope="module")
 def starved():
     cap = kvdoctor.load(SAMPLES / "multi-turn")
-    recs = _records(cap)
+    recs = request_records(cap)
     late = {r.request_id for i, r in enumerate(recs) if i % 3 == 0 and r.itl_s and len(r.itl_s) >= 3}
     recs = [_read_in_one_burst(r) if r.request_id in late else r for r in recs]
     return cap, from_records(cap.meta, requests=recs), late

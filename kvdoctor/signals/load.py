@@ -232,10 +232,13 @@ def ttft_cache_bimodal(w):
     if md is None:
         return 0.0 if w.n_requests >= MIN_WINDOW else np.nan
     same_prompts = 1 / 1.5 <= md["prompt_ratio"] <= 1.5
+    # a hit or a miss does not depend on the load a request meets, so both clusters arrived at a
+    # server about as busy; slow requests that met a busier one waited (queueing, which this
+    # split resembles). Checked with a prefill speed too: a run loaded from its first request
+    # measures that speed with waiting in it, and its queued requests then look like misses
+    costs = np.isfinite(md["conc_slow"]) and md["conc_slow"] <= md["conc_fast"] + 1
     if np.isfinite(md["slow_over_prefill"]) and np.isfinite(md["fast_over_prefill"]):
-        costs = md["slow_over_prefill"] <= 2.0 and md["fast_over_prefill"] <= 0.25
-    else:  # no low-load prefill speed: the slow ones must not have met a busier server
-        costs = np.isfinite(md["conc_slow"]) and md["conc_slow"] <= md["conc_fast"] + 1
+        costs = costs and md["slow_over_prefill"] <= 2.0 and md["fast_over_prefill"] <= 0.25
     if "cached_fast" in md:  # a hit skips most of its prefill (the fast side is under half its cost); a miss does not
         costs = costs and md["cached_fast"] >= 0.5 > md["cached_slow"]
     return float(bool(same_prompts and costs))
