@@ -9,6 +9,13 @@ says so right above it, and the reason is shown in the test id and the skip mess
 
     <!-- docs-test: skip (needs a running server) -->
 
+A block of alternatives (one import per input format, each writing ``cap/``) is marked
+
+    <!-- docs-test: each-line -->
+
+and each of its command lines runs on its own, in a fresh folder holding the input files the
+docs name, played by the real files in tests/data (DOC_INPUTS).
+
 Blocks with ``$ `` prompts show output: each shown line must appear in the command's output, in
 order (whitespace collapsed; a line cut short with ``…`` or ``...`` matches up to the cut). On
 ``Evidence:`` and ``Impact:`` lines only the signal names are compared, not the measured values.
@@ -33,6 +40,21 @@ BIN = Path(sys.executable).parent
 CAP_SAMPLE = "aibrix-qps-4.1"  # the sample that plays `cap/`: 3.4 min of requests with arrival times
 SHELL = {"bash", "sh", "console", "shell"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<reason>.+)\)\s*-->")
+EACH_LINE = re.compile(r"<!--\s*docs-test:\s*each-line\s*-->")
+DATA = ROOT / "tests" / "data"
+#: the input files that import examples name -> the real file in tests/data that plays it (see
+#: tests/data/SOURCES.md); a ".jsonl" played by a pretty-printed ".json" is written as one line
+DOC_INPUTS = {
+    "results_individual_responses.json": "traces/llmperf/anyscale_7b.json",
+    "bench-result.json": "vllm_bench/vllm-2.0qps-Llama-3.1-8B-Instruct-20250601-101500.json",
+    "trace.csv": "traces/aibrix/naive_output_4.1.csv",
+    "trace.jsonl": "traces/mooncake_conversation_trace_head2000.jsonl",
+    "collector-export.jsonl": "otlp/vllm-0.32-llm_request-span.json",
+    "artifacts/run/profile_export.jsonl": "traces/aiperf/profile_export.jsonl",
+    "benchmarks.json": "traces/guidellm/benchmarks_stripped.json",
+    "scrape-1.prom": "metrics/vllm-0.32-cpu-under-load.prom",
+    "scrape-2.prom": "metrics/vllm-0.32-cpu-under-preemption.prom",
+}
 FENCE = re.compile(r"^(?P<fence>```+)\s*(?P<lang>[\w+-]*)\s*$")
 
 
@@ -43,6 +65,7 @@ class Block:
     lang: str
     text: str
     skip: str | None  # the marker's reason, or None: the block runs
+    each_line: bool = False  # alternatives: each command line runs on its own, on DOC_INPUTS
 
     @property
     def where(self) -> str:
@@ -75,7 +98,8 @@ def blocks(path: Path) -> list[Block]:
             i += 1
         prev = next((ln for ln in reversed(lines[:start]) if ln.strip()), "")
         marker = MARKER.search(prev)
-        out.append(Block(path, start + 1, m["lang"], "\n".join(body), marker["reason"] if marker else None))
+        out.append(Block(path, start + 1, m["lang"], "\n".join(body), marker["reason"] if marker else None,
+                         bool(EACH_LINE.search(prev))))
         i += 1
     return out
 
@@ -156,10 +180,43 @@ def run_shell(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+def doc_inputs(into: Path) -> Path:
+    """A folder holding the files the import examples name (DOC_INPUTS)."""
+    import json
+
+    for name, src in DOC_INPUTS.items():
+        dst = into / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.suffix == ".jsonl" and src.endswith(".json"):
+            dst.write_text(json.dumps(json.loads((DATA / src).read_text())) + "\n")
+        else:
+            shutil.copy(DATA / src, dst)
+    return into
+
+
+def command_lines(text: str) -> list[str]:
+    """A block's commands: continuation lines joined, comment-only lines dropped."""
+    out, joined = [], ""
+    for ln in text.split("\n"):
+        joined += ln.rstrip().rstrip("\\") + " " if ln.rstrip().endswith("\\") else ln
+        if not ln.rstrip().endswith("\\"):
+            if joined.strip() and not joined.lstrip().startswith("#"):
+                out.append(joined.strip())
+            joined = ""
+    return out
+
+
 @pytest.mark.parametrize("block", RUNNABLE, ids=_id)
-def test_doc_block_runs(block: Block, scratch: Path):
+def test_doc_block_runs(block: Block, scratch: Path, tmp_path: Path):
     if block.skip:
         pytest.skip(f"{block.where}: {block.skip}")
+    if block.each_line:
+        lines = command_lines(block.text)
+        assert lines, f"{block.where}: marked each-line but holds no command"
+        for k, cmd in enumerate(lines):
+            got = run_shell(cmd, doc_inputs(tmp_path / f"line{k}"))
+            assert got.returncode == 0, f"{block.where}: `{cmd}` exited {got.returncode}:\n{got.stderr[-2000:]}"
+        return
     if block.kind == "python":
         steps = [(f"python - <<'PYTHON_DOC_BLOCK'\n{block.text}\nPYTHON_DOC_BLOCK", [])]
     else:
@@ -175,7 +232,7 @@ def test_doc_block_runs(block: Block, scratch: Path):
 def test_every_runnable_block_is_run_or_marked():
     """A marker must sit on a block that would otherwise run: a stale marker on an output block
     hides nothing, and says so."""
-    stray = [b.where for b in ALL if b.skip and not b.kind]
+    stray = [b.where for b in ALL if (b.skip or b.each_line) and not b.kind]
     assert not stray, f"docs-test markers on blocks that are not run anyway: {stray}"
 
 

@@ -4,6 +4,7 @@ cut off by a total deadline or a size limit; SIGTERM always ends the process wit
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import signal
 import socket
@@ -284,6 +285,12 @@ def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
             with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
                 pages.append(r.read())
         assert agent.reports_rendered == 1 and pages[0] == pages[1] == pages[2] and b"<html" in pages[0].lower()
+        # a browser (or anything that accepts gzip) gets the page compressed in the render process,
+        # so the loop writes ~1.5 MB of ready bytes instead of encoding ~5 MB of text per request
+        req = urllib.request.Request(f"{api}/report", headers={"Accept-Encoding": "gzip, deflate"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.headers["Content-Encoding"] == "gzip" and "charset=utf-8" in r.headers["Content-Type"]
+            assert gzip.decompress(r.read()) == pages[0]
         # new records within the reuse window: the page is reused (steady traffic adds records
         # every request; a dashboard polling every second must not keep a core rendering)
         agent.writer.write(RequestRecord(request_id="new", arrival_s=time.time(), ttft_s=0.1))

@@ -1,26 +1,26 @@
 """Live diagnosis replays a capture step by step: incidents open after their hold time, close
 when the evidence is gone, and agree with the offline diagnosis of the same data."""
+import concurrent.futures
 import dataclasses
+import os
+import signal
 
 import numpy as np
+import pytest
 
 import kvdoctor
 from kvdoctor.capture.memory import from_records
 from kvdoctor.diagnosis import Options, diagnose, load_rules
 from kvdoctor.diagnosis.live import LiveDiagnoser
 from kvdoctor.model import RequestRecord
+from kvdoctor.sidecar.live_worker import LiveWorker, record_time_s
 
-from conftest import CASES
-
-
-def _records(cap):
-    rows = cap.requests.table.to_pylist()
-    return [RequestRecord(**{k: v for k, v in r.items() if v is not None}) for r in rows]
+from conftest import CASES, request_records
 
 
 def _replay(case, step_s=10.0):
     cap = kvdoctor.load(CASES / case)
-    recs = sorted(_records(cap), key=lambda r: r.arrival_s)
+    recs = sorted(request_records(cap), key=lambda r: r.arrival_s)
     live = LiveDiagnoser(load_rules(), Options(lookback_s=300, step_s=step_s))
     t0 = recs[0].arrival_s
     end = max(r.finish_s for r in recs) + 400  # run past the end so incidents can close
@@ -46,7 +46,7 @@ def test_hold_time_delays_opening():
     rules = [dataclasses.replace(r, for_s=0.0) if r.id == "queueing-saturation" else r for r in load_rules()]
     held = [dataclasses.replace(r, for_s=120.0) if r.id == "queueing-saturation" else r for r in rules]
     cap = kvdoctor.load(CASES / "queueing")
-    recs = sorted(_records(cap), key=lambda r: r.arrival_s)
+    recs = sorted(request_records(cap), key=lambda r: r.arrival_s)
     first_open = {}
     for label, rs in (("no hold", rules), ("2m hold", held)):
         live = LiveDiagnoser(rs, Options(lookback_s=300, step_s=10))
@@ -86,7 +86,7 @@ def test_requests_still_queued_count_in_the_live_window():
     (the proxy's in-flight records) opens queueing-saturation sooner than waiting for them
     to finish, and the offline answer is unchanged."""
     cap = kvdoctor.load(CASES / "queueing")
-    recs = sorted(_records(cap), key=lambda r: r.arrival_s)
+    recs = sorted(request_records(cap), key=lambda r: r.arrival_s)
     with_pending, without = _first_open(recs, cap.meta, True), _first_open(recs, cap.meta, False)
     assert with_pending is not None and without is not None
     assert with_pending < without, (with_pending, without)
@@ -105,3 +105,46 @@ def test_live_and_offline_incidents_are_one_type_with_one_json_shape():
     assert js["id"] == inc.id and js["open"] is False and js["closed_s"] == inc.closed_s > inc.end_s
     assert js["causes"][0]["rule"] == off["causes"][0]["rule"] == "queueing-saturation"
     assert "id" not in off and "open" not in off
+
+
+def test_worker_process_steps_as_the_diagnoser_does():
+    """The sidecar's live step runs in a process of its own, sent only the records that are new
+    since its last step: step for step it opens, closes and exports what a LiveDiagnoser given
+    the whole recent past does. A worker that dies is started again on the whole recent past."""
+    cap = kvdoctor.load(CASES / "queueing")
+    recs = sorted(request_records(cap), key=record_time_s)
+    rules, opts = load_rules(), Options(lookback_s=300, step_s=30)
+    keep_s = 300 + max(r.for_s for r in rules) + 60
+    local, worker = LiveDiagnoser(rules, opts), LiveWorker(rules, opts, cap.meta, keep_s)
+
+    def recent(now):
+        return from_records(cap.meta, requests=[r for r in recs if now - keep_s <= record_time_s(r) <= now])
+
+    def key(incs):
+        return [(i.top.rule.id, i.start_s, i.closed_s) for i in incs]
+
+    try:
+        i, opened_any = 0, False
+        steps = np.arange(recs[0].arrival_s + 30, record_time_s(recs[-1]) + 400, 30.0)
+        for now in steps:
+            while i < len(recs) and record_time_s(recs[i]) <= now:
+                worker.add("requests", recs[i])
+                i += 1
+            res = worker.step(worker.take_new(now), [], now, timeout_s=60)
+            opened, closed = local.step(recent(now), now)
+            assert (key(res.opened), key(res.closed), key(res.incidents)) == (key(opened), key(closed), key(local.incidents))
+            assert res.percentiles.get("kvdoctor_ttft_seconds", {}).get("0.99", np.nan) == \
+                pytest.approx(local.last_window.value("ttft_p99_s"), nan_ok=True)
+            opened_any |= bool(opened)
+        assert opened_any and res.incidents and not any(i.open for i in res.incidents)
+        # kill the worker: that step fails, the next starts a new worker on the whole recent past
+        now = steps[len(steps) // 3]
+        os.kill(next(iter(worker._pool._processes)), signal.SIGKILL)
+        with pytest.raises(concurrent.futures.process.BrokenProcessPool):
+            worker.step(worker.take_new(now), [], now, timeout_s=60)
+        res = worker.step(worker.take_new(now + 30), [], now + 30, timeout_s=60)
+        fresh = LiveDiagnoser(rules, opts)
+        fresh.step(recent(now + 30), now + 30)
+        assert res.percentiles["kvdoctor_ttft_seconds"]["0.50"] == pytest.approx(fresh.last_window.value("ttft_p50_s"))
+    finally:
+        worker.close()

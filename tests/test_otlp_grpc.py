@@ -19,9 +19,9 @@ DATA = Path(__file__).parent / "data" / "otlp"
 
 
 class GrpcReceiver:
-    def __init__(self, port=0):
+    def __init__(self, port=0, new_loop=asyncio.new_event_loop):
         self.sink = ListSink()
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server, self.service, self.port = self.call(start_grpc_receiver(self.sink, "127.0.0.1", port))
@@ -39,9 +39,11 @@ class GrpcReceiver:
         self.thread.join(timeout=10)
 
 
-@pytest.fixture
-def receiver():
-    r = GrpcReceiver()
+@pytest.fixture(params=["asyncio", "uvloop"])
+def receiver(request):
+    """On both loops `attach` may run on (uvloop where installed: kvdoctor/cli/attach.py)."""
+    new_loop = pytest.importorskip("uvloop").new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
+    r = GrpcReceiver(new_loop=new_loop)
     yield r
     r.close()
 

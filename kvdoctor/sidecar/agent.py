@@ -10,7 +10,6 @@ does makes the agent exit.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
 import os
@@ -27,10 +26,10 @@ from ..capture import CaptureWriter
 from ..capture.queued import QueuedWriter
 from ..collect.base import PolledCollector
 from ..diagnosis import Incident, Options, Rule
-from ..diagnosis.live import LiveDiagnoser
 from ..errors import InputError
 from ..model import CaptureMeta
 from .live import LiveDiagnosis
+from .live_worker import LiveWorker
 from .recording import Recording
 from .report_page import REPORT_TIMEOUT_S, ReportPage  # noqa: F401  (importable here as before)
 from .serve import Metrics, make_app
@@ -103,8 +102,10 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         # a gauge starts at 0, which for this one reads "KV full now": unknown until the first step
         self.metrics["kvdoctor_kv_full_forecast_seconds"].set(float("nan"))
         self._set_info(None)
-        self.live = LiveDiagnoser(cfg.rules, cfg.options)
-        self._recent: dict[str, collections.deque] = {k: collections.deque() for k in ("requests", "gpu", "host", "engine", "events")}
+        # the recent past the live step looks at: its lookback, the longest hold, a minute's margin
+        keep_s = cfg.options.lookback_s + max((r.for_s for r in cfg.rules), default=0) + 60
+        self.live_worker = LiveWorker(cfg.rules, cfg.options, meta, keep_s)
+        self.incidents: list[Incident] = []
         self._status: dict[str, tuple[bool, str]] = {}
         self.errors: dict[str, dict[str, Any]] = {}  # source -> {count, last}: unexpected errors
         self._errors_logged: set[tuple[str, str]] = set()
@@ -120,7 +121,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvdoctor-source")
         self._live_lock = threading.Lock()
         self._report_lock = threading.Lock()
-        self._report_cache: tuple[int, float, str] | None = None
+        self._report_cache: tuple[int, float, Any] | None = None
         self.reports_rendered = 0
         self._render_pool: concurrent.futures.ProcessPoolExecutor | None = None
 
@@ -130,8 +131,8 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
 
         if self.cfg.listen:
             host, port = host_port(self.cfg.listen, 9400, "--listen")
-            app = make_app(self.metrics, lambda: [i.to_json() for i in self.live.incidents], self.health,
-                           self.report_html, self.cfg.token)
+            app = make_app(self.metrics, lambda: [i.to_json() for i in self.incidents], self.health,
+                           self.report_page, self.cfg.token)
             await self._site(web, app, host, port, "endpoints")
         if self.cfg.proxy:
             from ..collect.proxy import make_proxy_app
@@ -209,6 +210,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             if self.otel:
                 self.otel.shutdown()
             self._pool.shutdown(wait=False, cancel_futures=True)
+            self.live_worker.close()
             if self._render_pool is not None:
                 self._render_pool.shutdown(wait=False, cancel_futures=True)
             self.writer.close()

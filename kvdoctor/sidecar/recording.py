@@ -5,7 +5,6 @@ a source that cannot read is recorded once (capture meta and log) and retried.""
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
 import time
@@ -27,10 +26,10 @@ class Recording:
     cfg: Any  # AttachConfig
     writer: QueuedWriter
     metrics: Metrics
-    live: Any  # LiveDiagnoser
+    live_worker: Any  # LiveWorker
+    incidents: list
     started_s: float
     errors: dict[str, dict[str, Any]]
-    _recent: dict[str, collections.deque]
     _status: dict[str, tuple[bool, str]]
     _errors_logged: set[tuple[str, str]]
     _stop: asyncio.Event
@@ -47,7 +46,7 @@ class Recording:
     def _emit(self, record: Any) -> None:
         kind = kind_of(record)
         self.writer.write(record)  # queued: the disk is the writer thread's business
-        self._recent[kind].append(record)
+        self.live_worker.add(kind, record)
         self.metrics["kvdoctor_capture_records_total"].labels(kind=kind).inc()
         if isinstance(record, RequestRecord):
             self.metrics["kvdoctor_requests_total"].labels(status=record.status or "ok").inc()
@@ -142,7 +141,7 @@ class Recording:
                 "records": dict(w.counts), "capture_dropped": dropped, "capture_error": w.last_error,
                 "sources": {k: {"ok": v[0], "detail": v[1]} for k, v in self._status.items()},
                 "errors": {k: dict(v) for k, v in self.errors.items()},
-                "open_incidents": len(self.live.open_incidents)}
+                "open_incidents": sum(1 for i in self.incidents if i.open)}
 
     def capture_problem(self) -> str | None:
         """After ``run``: why the capture is incomplete (records dropped, meta not written), or None."""

@@ -4,18 +4,29 @@ REPORT_REUSE_S (the page says when it was rendered)."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..capture.queued import QueuedWriter
 from ..diagnosis import Options, Rule
+from .live_worker import exit_with_parent
 
 REPORT_TIMEOUT_S = 120.0
 #: a page is reused this long even when records arrived since: a render is a second or more of a
 #: core (load, diagnose, plot), and on a busy server every request adds records, so a dashboard
 #: polling /report every second would keep a core rendering beside the engine and the proxy
 REPORT_REUSE_S = 10.0
+
+
+@dataclass(frozen=True)
+class RenderedPage:
+    """/report's page as bytes, made in the render process: the loop only writes them out (the
+    page is ~5 MB with plotly inlined; encoding it was ~5 ms of the loop's time per request)."""
+    html_utf8: bytes
+    html_gzip: bytes
 
 
 class ReportPage:
@@ -25,11 +36,11 @@ class ReportPage:
     writer: QueuedWriter
     reports_rendered: int
     _report_lock: threading.Lock
-    _report_cache: tuple[int, float, str] | None  # (records at render, monotonic time, page)
+    _report_cache: tuple[int, float, RenderedPage] | None  # (records at render, monotonic time, page)
     report_reuse_s: float = REPORT_REUSE_S
     _render_pool: concurrent.futures.ProcessPoolExecutor | None
 
-    def report_html(self) -> str | None:
+    def report_page(self) -> RenderedPage | None:
         try:
             import plotly  # noqa: F401  (the report's one optional dependency)
         except ImportError:
@@ -48,7 +59,8 @@ class ReportPage:
                 import multiprocessing
 
                 self._render_pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+                    max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
+                    initargs=(os.getpid(),))
             html = self._render_pool.submit(_render_report, str(self.cfg.capture_dir), self.cfg.rules,
                                             self.cfg.options).result(timeout=REPORT_TIMEOUT_S)
             self._report_cache = (key, time.monotonic(), html)
@@ -56,10 +68,13 @@ class ReportPage:
             return html
 
 
-def _render_report(capture_dir: str, rules: list[Rule], options: Options) -> str:
+def _render_report(capture_dir: str, rules: list[Rule], options: Options) -> RenderedPage:
     """/report's page, in the render process."""
+    import gzip
+
     from ..capture import load
     from ..diagnosis import diagnose
     from ..report.html import render_html
 
-    return render_html(diagnose(load(capture_dir), rules, options))
+    html = render_html(diagnose(load(capture_dir), rules, options)).encode()
+    return RenderedPage(html, gzip.compress(html, compresslevel=6))

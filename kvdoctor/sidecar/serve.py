@@ -53,7 +53,7 @@ def bearer_auth(token: str | None):
 
 
 def make_app(metrics: Metrics, incidents: Callable[[], list[dict[str, Any]]], health: Callable[[], dict[str, Any]],
-             report_html: Callable[[], str | None] | None = None, token: str | None = None) -> web.Application:
+             report_page: Callable[[], Any] | None = None, token: str | None = None) -> web.Application:
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.json_response(health(), dumps=lambda o: orjson.dumps(o).decode())
@@ -64,12 +64,16 @@ def make_app(metrics: Metrics, incidents: Callable[[], list[dict[str, Any]]], he
     async def incidents_handler(_request: web.Request) -> web.Response:
         return web.json_response({"incidents": incidents()}, dumps=lambda o: orjson.dumps(o).decode())
 
-    async def report_handler(_request: web.Request) -> web.Response:
-        # loading, diagnosing and rendering a capture takes seconds: never on the loop the proxy relays on
-        html = await asyncio.get_running_loop().run_in_executor(None, report_html) if report_html else None
-        if html is None:
+    async def report_handler(request: web.Request) -> web.Response:
+        # loading, diagnosing and rendering a capture takes seconds: never on the loop the proxy
+        # relays on; the page comes as bytes (gzipped too), so the loop only writes it out
+        page = await asyncio.get_running_loop().run_in_executor(None, report_page) if report_page else None
+        if page is None:
             return web.Response(status=503, text="no report yet: the sidecar has not captured enough to report\n")
-        return web.Response(text=html, content_type="text/html")
+        headers = {"Content-Type": "text/html; charset=utf-8", "Vary": "Accept-Encoding"}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            return web.Response(body=page.html_gzip, headers={**headers, "Content-Encoding": "gzip"})
+        return web.Response(body=page.html_utf8, headers=headers)
 
     app = web.Application(middlewares=[bearer_auth(token)])
     app.router.add_get("/healthz", healthz)

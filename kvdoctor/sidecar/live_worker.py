@@ -1,0 +1,157 @@
+"""The live diagnosis in a process of its own, fed the records that arrived since its last step.
+
+In a thread, a step (build a capture of the recent past, compute the signals, match the rules)
+holds the GIL the proxy relays with for most of its run: every stream that has a chunk to pass
+waits for it, which is added TTFT and ITL measured on the clients (benchmarks/bench_proxy.py).
+The worker keeps its own copy of the recent past and the :class:`LiveDiagnoser` with its hold
+state; the agent sends it only what is new, and gets back what to announce and export.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from typing import Any
+
+from ..capture.memory import from_records
+from ..diagnosis import Incident, Options, Rule
+from ..diagnosis.live import LiveDiagnoser
+from ..model import CaptureMeta
+
+log = logging.getLogger("kvdoctor.attach")
+
+KINDS = ("requests", "gpu", "host", "engine", "events")
+#: the window percentiles exported to /metrics: (signal prefix, metric name)
+PERCENTILES = (("ttft", "kvdoctor_ttft_seconds"), ("tpot", "kvdoctor_tpot_seconds"),
+               ("itl", "kvdoctor_itl_seconds"), ("e2e", "kvdoctor_e2e_seconds"))
+OTEL_SIGNALS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    opened: list[Incident]
+    closed: list[Incident]
+    #: every incident the diagnoser keeps (open ones first-class, the last closed ones)
+    incidents: list[Incident]
+    #: metric name -> {quantile label: seconds} for the window that ended at the step
+    percentiles: dict[str, dict[str, float]]
+    kv_full_forecast_s: float
+    otel: dict[str, float]
+
+
+def record_time_s(record: Any) -> float:
+    t = getattr(record, "time_s", None)
+    if t is None:
+        t = record.finish_s or record.arrival_s or 0.0
+    return t
+
+
+class RecentPast:
+    """Records of the last ``keep_s`` seconds by kind, appended in time order."""
+
+    def __init__(self, keep_s: float):
+        self.keep_s = keep_s
+        self.records: dict[str, collections.deque] = {k: collections.deque() for k in KINDS}
+
+    def add(self, new: dict[str, list]) -> None:
+        for kind, recs in new.items():
+            self.records[kind].extend(recs)
+
+    def trim(self, now_s: float) -> None:
+        for dq in self.records.values():
+            while dq and record_time_s(dq[0]) < now_s - self.keep_s:
+                dq.popleft()
+
+
+class _State:  # the worker process's one diagnoser
+    live: LiveDiagnoser
+    past: RecentPast
+    meta: CaptureMeta
+
+
+def exit_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
+    """In a worker process: exit when the agent (``parent_pid``, passed in: it may be gone
+    before the worker has started) is gone. A SIGKILLed agent leaves its workers blocked on
+    their call queue (each holds both ends of it, so it never reads EOF), and with them the
+    agent's stdout and stderr, so whoever waits on those would wait forever."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="kvdoctor-parent-watch").start()
+
+
+def _init(parent_pid: int, rules: list[Rule], options: Options, meta: CaptureMeta, keep_s: float) -> None:
+    exit_with_parent(parent_pid)
+    _State.live, _State.past, _State.meta = LiveDiagnoser(rules, options), RecentPast(keep_s), meta
+
+
+def _step(new: dict[str, list], in_flight: list, now_s: float) -> StepResult:
+    past = _State.past
+    past.add(new)
+    past.trim(now_s)
+    recent = {k: list(v) for k, v in past.records.items()}
+    recent["requests"] += in_flight  # requests still waiting or streaming count too (live only)
+    opened, closed = _State.live.step(from_records(_State.meta, **recent), now_s)
+    w = _State.live.last_window
+    pct: dict[str, dict[str, float]] = {}
+    for prefix, metric in PERCENTILES:
+        for q in (50, 90, 99):
+            name = f"{prefix}_p{q}_s"
+            if name != "itl_p90_s":
+                v = w.value(name)
+                if v == v:
+                    pct.setdefault(metric, {})[f"0.{q}"] = v
+    return StepResult(opened, closed, list(_State.live.incidents), pct,
+                      w.value("kv_full_forecast_min") * 60, {m: w.value(m) for m in OTEL_SIGNALS})
+
+
+class LiveWorker:
+    """The agent's side: send what is new, get a StepResult. A worker that died is started
+    again with the whole recent past (its hold state starts over: an incident re-opens only
+    after its rule's ``for:``)."""
+
+    def __init__(self, rules: list[Rule], options: Options, meta: CaptureMeta, keep_s: float):
+        self._args = (rules, options, meta, keep_s)
+        self.past = RecentPast(keep_s)  # the agent's copy, to start a new worker from
+        self._new: dict[str, list] = {k: [] for k in KINDS}
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def add(self, kind: str, record: Any) -> None:
+        """A record just captured (on the event loop)."""
+        self.past.records[kind].append(record)
+        self._new[kind].append(record)
+
+    def take_new(self, now_s: float) -> dict[str, list]:
+        """What the worker has not seen yet, all of the recent past for a new worker (on the loop)."""
+        self.past.trim(now_s)
+        if self._pool is None:
+            new = {k: list(v) for k, v in self.past.records.items()}
+        else:
+            new = self._new
+        self._new = {k: [] for k in KINDS}
+        return new
+
+    def step(self, new: dict[str, list], in_flight: list, now_s: float, timeout_s: float | None = None) -> StepResult:
+        """One step in the worker process (blocks: call it from a thread)."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_init, initargs=(os.getpid(), *self._args))
+        try:
+            return self._pool.submit(_step, new, in_flight, now_s).result(timeout=timeout_s)
+        except concurrent.futures.process.BrokenProcessPool:
+            log.warning("the live diagnosis process died; starting another on the recent past")
+            self._pool = None
+            raise
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
