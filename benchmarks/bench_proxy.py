@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Overhead of the kvdoctor streaming proxy, next to nginx, on loopback.
 
-    /root/.venvs/kvd/bin/python benchmarks/bench_proxy.py [--n 60] [--n-fake 300] [--parts ABC] [--json out.json]
+    .venv/bin/python benchmarks/bench_proxy.py [--n 60] [--n-fake 300] [--parts ABC] [--json out.json]
 
 Targets, each its own process: the upstream directly, the kvdoctor proxy
 (``kvdoctor.collect.proxy``), nginx (``proxy_buffering off; proxy_http_version 1.1``,

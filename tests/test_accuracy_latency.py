@@ -282,3 +282,9 @@ def test_trends_leave_out_requests_the_host_slowed():
     busy = _whole(kvdoctor.load(SAMPLES / "busy-host"))
     assert contended(busy).mean() > 0.9
     assert not contended(_whole(kvdoctor.load(SAMPLES / "healthy"))).any()
+    # and the diagnosis says so: a trend rule that stays quiet on such a capture is not a verdict
+    said = [x for x in diagnose(kvdoctor.load(SAMPLES / "busy-host")).warnings if "other processes held" in x]
+    assert said == [f"{int(contended(busy).sum())} of {busy.n_requests} requests ran while other processes held at "
+                    "least 25% of the host's CPUs: trends through the run (growth per turn) leave them out, since "
+                    "contention only adds time"]
+    assert not [x for x in diagnose(kvdoctor.load(SAMPLES / "healthy")).warnings if "other processes" in x]

@@ -185,3 +185,50 @@ def test_server_restart_is_survived(tmp_path, wait_for):
     assert "server-down" in kinds and "server-up" in kinds
     down = next(e["time_s"] for e in c.events if e["kind"] == "server-down")
     assert (c.engine.time_s > down).sum() >= 2, "scraping resumes after the restart"
+
+
+def test_readme_attach_block_runs_as_written(server, tmp_path, wait_for):
+    """README's "Attach" block against a real llama-server, as written: the server's address,
+    the two ports and the capture folder substituted (the endpoints' port is the default
+    9400 there, so the test names its own with --listen), everything else as a user runs it,
+    GPU sampling left at its default (no NVIDIA GPU here: it must degrade, not fail)."""
+    import re
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"### Attach: live.*?```bash\n(.*?)```", readme, re.S)[1]
+    lines = [ln for ln in block.splitlines() if ln and not ln.startswith("#")]
+    attach, curls = lines[0], lines[1:]
+    assert attach.startswith("kvdoctor attach --server http://127.0.0.1:8080") and len(curls) == 2, lines
+    listen, pport = free_port(), free_port()
+
+    def sub(text):
+        return (text.replace("http://127.0.0.1:8080", server.url).replace("127.0.0.1:9000", f"127.0.0.1:{pport}")
+                .replace("127.0.0.1:9400", f"127.0.0.1:{listen}").replace("cap/", str(tmp_path / "cap")))
+
+    exe = shutil.which("kvdoctor") or str(Path(sys.executable).parent / "kvdoctor")
+    args = [exe, *shlex.split(sub(attach))[1:], "--listen", f"127.0.0.1:{listen}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_port(pport)
+        timings = asyncio.run(loadgen.run_load(f"http://127.0.0.1:{pport}", loadgen.short_prompts(6, max_tokens=16),
+                                               concurrency=2))
+        assert all(t.status == "ok" for t in timings)
+        out = {}
+        for curl in curls:
+            cmd = sub(curl.split("#")[0])
+            run = lambda cmd=cmd: subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30)  # noqa: E731
+            # the default live step is 5 s: the percentiles are on /metrics after the first one
+            out[cmd] = wait_for(lambda: (lambda r: r.stdout if r.returncode == 0 and (
+                "/incidents" in cmd or 'kvdoctor_ttft_seconds{quantile="0.99"}' in r.stdout) else None)(run()),
+                timeout_s=30, what=cmd)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    metrics, incidents = out.values()
+    assert "kvdoctor_requests_total" in metrics and "incidents" in json.loads(incidents)
+    c = kvdoctor.load(tmp_path / "cap")
+    assert sorted(c.requests.strings("request_id")) == sorted(t.request_id for t in timings)

@@ -14,7 +14,9 @@ A block of alternatives (one import per input format, each writing ``cap/``) is 
     <!-- docs-test: each-line -->
 
 and each of its command lines runs on its own, in a fresh folder holding the input files the
-docs name, played by the real files in tests/data (DOC_INPUTS).
+docs name, played by the real files in tests/data (DOC_INPUTS). A block that needs a server
+(``<!-- docs-test: llama-server -->``) runs with the server tests (``-m server``) beside a real
+llama-server, whose address replaces ``http://127.0.0.1:PORT``.
 
 Blocks with ``$ `` prompts show output: each shown line must appear in the command's output, in
 order (whitespace collapsed; a line cut short with ``…`` or ``...`` matches up to the cut). On
@@ -41,6 +43,7 @@ CAP_SAMPLE = "aibrix-qps-4.1"  # the sample that plays `cap/`: 3.4 min of reques
 SHELL = {"bash", "sh", "console", "shell"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<reason>.+)\)\s*-->")
 EACH_LINE = re.compile(r"<!--\s*docs-test:\s*each-line\s*-->")
+LLAMA = re.compile(r"<!--\s*docs-test:\s*llama-server\s*-->")
 DATA = ROOT / "tests" / "data"
 #: the input files that import examples name -> the real file in tests/data that plays it (see
 #: tests/data/SOURCES.md); a ".jsonl" played by a pretty-printed ".json" is written as one line
@@ -66,6 +69,7 @@ class Block:
     text: str
     skip: str | None  # the marker's reason, or None: the block runs
     each_line: bool = False  # alternatives: each command line runs on its own, on DOC_INPUTS
+    llama: bool = False  # runs beside a real llama-server (server tests only)
 
     @property
     def where(self) -> str:
@@ -99,13 +103,14 @@ def blocks(path: Path) -> list[Block]:
         prev = next((ln for ln in reversed(lines[:start]) if ln.strip()), "")
         marker = MARKER.search(prev)
         out.append(Block(path, start + 1, m["lang"], "\n".join(body), marker["reason"] if marker else None,
-                         bool(EACH_LINE.search(prev))))
+                         bool(EACH_LINE.search(prev)), bool(LLAMA.search(prev))))
         i += 1
     return out
 
 
 ALL = [b for p in DOCS for b in blocks(p)]
-RUNNABLE = [b for b in ALL if b.kind]
+RUNNABLE = [b for b in ALL if b.kind and not b.llama]
+WITH_LLAMA = [b for b in ALL if b.kind and b.llama]
 
 
 def _id(b: Block) -> str:
@@ -221,6 +226,10 @@ def test_doc_block_runs(block: Block, scratch: Path, tmp_path: Path):
         steps = [(f"python - <<'PYTHON_DOC_BLOCK'\n{block.text}\nPYTHON_DOC_BLOCK", [])]
     else:
         steps = console_steps(block.text)
+    run_steps(block, steps, scratch)
+
+
+def run_steps(block: Block, steps: list[tuple[str, list[str]]], scratch: Path) -> None:
     for cmd, shown in steps:
         got = run_shell(cmd, scratch)
         assert got.returncode == 0, f"{block.where}: `{cmd}` exited {got.returncode}:\n{got.stderr[-2000:]}"
@@ -229,11 +238,38 @@ def test_doc_block_runs(block: Block, scratch: Path, tmp_path: Path):
                              f"block):\n" + "\n".join(missing) + f"\n--- it printed:\n{got.stdout[-3000:]}")
 
 
+@pytest.fixture(scope="module")
+def llama_url():
+    from kvdoctor.testing.llama_server import LlamaServer
+
+    with LlamaServer(n_ctx=2048, parallel=2) as srv:
+        yield srv.url
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("block", WITH_LLAMA, ids=_id)
+def test_doc_block_runs_beside_llama_server(block: Block, scratch: Path, llama_url: str):
+    text = block.text.replace("http://127.0.0.1:PORT", llama_url)
+    if block.kind == "python":
+        steps = [(f"python - <<'PYTHON_DOC_BLOCK'\n{text}\nPYTHON_DOC_BLOCK", [])]
+    else:
+        steps = console_steps(text)
+    run_steps(block, steps, scratch)
+
+
 def test_every_runnable_block_is_run_or_marked():
     """A marker must sit on a block that would otherwise run: a stale marker on an output block
     hides nothing, and says so."""
-    stray = [b.where for b in ALL if (b.skip or b.each_line) and not b.kind]
+    stray = [b.where for b in ALL if (b.skip or b.each_line or b.llama) and not b.kind]
     assert not stray, f"docs-test markers on blocks that are not run anyway: {stray}"
+
+
+def test_blocks_said_to_run_elsewhere_are_run_there():
+    """A skip that says "runs as written in tests/X.py" is a promise: X reads that doc's block."""
+    said = [(b, m[1]) for b in ALL if b.skip for m in [re.search(r"runs as written in (tests/[\w/]+\.py)", b.skip)] if m]
+    assert said, "no block claims to run elsewhere (the README's attach examples do)"
+    for b, test in said:
+        assert b.path.name in (ROOT / test).read_text(), f"{b.where}: {test} does not read {b.path.name}"
 
 
 def test_module_docstring_example_runs(scratch: Path):

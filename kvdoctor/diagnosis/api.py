@@ -9,6 +9,7 @@ from ..capture import Capture
 from ..errors import InputError
 from ..numeric import json_number
 from ..signals import REGISTRY, Prepared
+from ..signals.host import CONTENDED_OTHER_FRAC, contended
 from ..signals.prepared import READ_BURST_S
 from .coverage import NotEvaluated, context_limit, not_evaluated
 from .evaluate import Options, incidents
@@ -95,7 +96,8 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
     limit, limit_source, warnings = context_limit(prep, options.max_model_len_tokens)
     found = incidents(prep, rules, options, progress) if (len(capture.requests) or len(prep.engine_t) or len(prep.gpu_t)) else []
     fired = {c.rule.id for inc in found for c in inc.causes}
-    missing = not_evaluated(prep.window(prep.start_s, prep.end_s), rules, fired, options.slo)
+    whole = prep.window(prep.start_s, prep.end_s)
+    missing = not_evaluated(whole, rules, fired, options.slo)
     warnings = list(capture.warnings) + warnings
     if not prep.arrivals_known:
         warnings.append(ARRIVALS_UNKNOWN)
@@ -103,6 +105,10 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
         warnings.append(f"{n_late} of {len(prep.t)} streams were read in bursts (most chunks under "
                         f"{READ_BURST_S * 1e3:g} ms apart: the recorder's process was starved of CPU); "
                         "their TPOT and inter-token gaps are left out as not measured")
+    if n_held := int(contended(whole).sum()):
+        warnings.append(f"{n_held} of {whole.n_requests} requests ran while other processes held at least "
+                        f"{CONTENDED_OTHER_FRAC:.0%} of the host's CPUs: trends through the run (growth per turn) "
+                        "leave them out, since contention only adds time")
     return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, warnings, prep,
                      missing, limit, limit_source, arrivals_known=prep.arrivals_known)
 
