@@ -427,6 +427,40 @@ def test_dcgm_and_sidecar_series_join_their_engine_instance(fleet_stack):
 
 @pytest.mark.server
 @pytest.mark.slow
+def test_readme_and_fleet_md_blocks_run_as_written(fleet_stack, tmp_path):
+    """README.md's "A fleet, through Prometheus" block and docs/fleet.md's import and report
+    blocks against the real Prometheus above, as a user runs them: the Prometheus address and
+    the engine's job (vllm there, llama here) substituted, everything else as written."""
+    import os
+
+    import kvdoctor
+
+    docs = Path(__file__).parents[1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def run_block(doc: str, after: str, fence: str = "```bash") -> str:
+        block = re.search(re.escape(after) + r".*?" + re.escape(fence) + r"\n(.*?)```", (docs / doc).read_text(), re.S)[1]
+        script = block.replace("http://prom:9090", fleet_stack["url"]).replace('{job="vllm"}', JOBS["selector"])
+        assert script != block, block
+        got = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert got.returncode == 0, f"{doc}: {script}\n{got.stderr[-2000:]}"
+        return got.stdout
+
+    out = run_block("README.md", "### A fleet, through Prometheus")
+    assert fleet_stack["hot"] in out and (tmp_path / "fleet.html").stat().st_size > 100_000, out[-2000:]
+    assert len(kvdoctor.load(tmp_path / "cap").engine.time_s) > 0
+    # docs/fleet.md: its first examples, then a saved range, then the page from Prometheus and from the saved range
+    first = run_block("docs/fleet.md", "# Fleet mode", "```")
+    assert json.loads(first[re.search(r"^\{", first, re.M).start():])["instances"]  # the text answer, then the JSON
+    run_block("docs/fleet.md", "## Offline: `import prometheus-range`", "```")
+    (tmp_path / "fleet.html").unlink()
+    run_block("docs/fleet.md", "## The fleet page: `kvdoctor report --prometheus`", "```")
+    assert (tmp_path / "fleet.html").stat().st_size > 100_000
+
+
+@pytest.mark.server
+@pytest.mark.slow
 def test_diagnose_names_only_the_overloaded_instance(fleet_stack, run_cli):
     sel = [a for k, v in JOBS.items() for a in ("--" + k.replace("_", "-"), v)]
     r = run_cli("diagnose", "--prometheus", fleet_stack["url"], "--since", "3m", "--step", "2s", *sel, "--format", "json")
