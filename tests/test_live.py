@@ -115,7 +115,7 @@ def test_worker_process_steps_as_the_diagnoser_does():
     recs = sorted(request_records(cap), key=record_time_s)
     rules, opts = load_rules(), Options(lookback_s=300, step_s=30)
     keep_s = 300 + max(r.for_s for r in rules) + 60
-    local, worker = LiveDiagnoser(rules, opts), LiveWorker(rules, opts, cap.meta, keep_s)
+    local, worker = LiveDiagnoser(rules, opts), LiveWorker(rules, opts, keep_s)
 
     def recent(now):
         return from_records(cap.meta, requests=[r for r in recs if now - keep_s <= record_time_s(r) <= now])
@@ -130,7 +130,7 @@ def test_worker_process_steps_as_the_diagnoser_does():
             while i < len(recs) and record_time_s(recs[i]) <= now:
                 worker.add("requests", recs[i])
                 i += 1
-            res = worker.step(worker.take_new(now), [], now, timeout_s=60)
+            res = worker.step(cap.meta, worker.take_new(now), [], now, timeout_s=60)
             opened, closed = local.step(recent(now), now)
             assert (key(res.opened), key(res.closed), key(res.incidents)) == (key(opened), key(closed), key(local.incidents))
             assert res.percentiles.get("kvdoctor_ttft_seconds", {}).get("0.99", np.nan) == \
@@ -141,8 +141,8 @@ def test_worker_process_steps_as_the_diagnoser_does():
         now = steps[len(steps) // 3]
         os.kill(next(iter(worker._pool._processes)), signal.SIGKILL)
         with pytest.raises(concurrent.futures.process.BrokenProcessPool):
-            worker.step(worker.take_new(now), [], now, timeout_s=60)
-        res = worker.step(worker.take_new(now + 30), [], now + 30, timeout_s=60)
+            worker.step(cap.meta, worker.take_new(now), [], now, timeout_s=60)
+        res = worker.step(cap.meta, worker.take_new(now + 30), [], now + 30, timeout_s=60)
         fresh = LiveDiagnoser(rules, opts)
         fresh.step(recent(now + 30), now + 30)
         assert res.percentiles["kvdoctor_ttft_seconds"]["0.50"] == pytest.approx(fresh.last_window.value("ttft_p50_s"))

@@ -104,7 +104,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         self._set_info(None)
         # the recent past the live step looks at: its lookback, the longest hold, a minute's margin
         keep_s = cfg.options.lookback_s + max((r.for_s for r in cfg.rules), default=0) + 60
-        self.live_worker = LiveWorker(cfg.rules, cfg.options, meta, keep_s)
+        self.live_worker = LiveWorker(cfg.rules, cfg.options, keep_s)
         self.incidents: list[Incident] = []
         self._status: dict[str, tuple[bool, str]] = {}
         self.errors: dict[str, dict[str, Any]] = {}  # source -> {count, last}: unexpected errors

@@ -62,7 +62,7 @@ class LiveDiagnosis:
 
     def _evaluate(self, new: dict[str, list], in_flight: list, now_s: float) -> tuple[list[Incident], list[Incident]]:
         with self._live_lock:  # one step at a time (the final step at shutdown may meet a running one)
-            res = self.live_worker.step(new, in_flight, now_s)
+            res = self.live_worker.step(self.writer.meta, new, in_flight, now_s)
             self.steps += 1
             self.incidents = res.incidents
             self._export(res)

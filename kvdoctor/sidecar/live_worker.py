@@ -71,7 +71,6 @@ class RecentPast:
 class _State:  # the worker process's one diagnoser
     live: LiveDiagnoser
     past: RecentPast
-    meta: CaptureMeta
 
 
 def exit_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
@@ -88,18 +87,18 @@ def exit_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="kvdoctor-parent-watch").start()
 
 
-def _init(parent_pid: int, rules: list[Rule], options: Options, meta: CaptureMeta, keep_s: float) -> None:
+def _init(parent_pid: int, rules: list[Rule], options: Options, keep_s: float) -> None:
     exit_with_parent(parent_pid)
-    _State.live, _State.past, _State.meta = LiveDiagnoser(rules, options), RecentPast(keep_s), meta
+    _State.live, _State.past = LiveDiagnoser(rules, options), RecentPast(keep_s)
 
 
-def _step(new: dict[str, list], in_flight: list, now_s: float) -> StepResult:
+def _step(meta: CaptureMeta, new: dict[str, list], in_flight: list, now_s: float) -> StepResult:
     past = _State.past
     past.add(new)
     past.trim(now_s)
     recent = {k: list(v) for k, v in past.records.items()}
     recent["requests"] += in_flight  # requests still waiting or streaming count too (live only)
-    opened, closed = _State.live.step(from_records(_State.meta, **recent), now_s)
+    opened, closed = _State.live.step(from_records(meta, **recent), now_s)
     w = _State.live.last_window
     pct: dict[str, dict[str, float]] = {}
     for prefix, metric in PERCENTILES:
@@ -118,8 +117,8 @@ class LiveWorker:
     again with the whole recent past (its hold state starts over: an incident re-opens only
     after its rule's ``for:``)."""
 
-    def __init__(self, rules: list[Rule], options: Options, meta: CaptureMeta, keep_s: float):
-        self._args = (rules, options, meta, keep_s)
+    def __init__(self, rules: list[Rule], options: Options, keep_s: float):
+        self._args = (rules, options, keep_s)
         self.past = RecentPast(keep_s)  # the agent's copy, to start a new worker from
         self._new: dict[str, list] = {k: [] for k in KINDS}
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -139,13 +138,15 @@ class LiveWorker:
         self._new = {k: [] for k in KINDS}
         return new
 
-    def step(self, new: dict[str, list], in_flight: list, now_s: float, timeout_s: float | None = None) -> StepResult:
-        """One step in the worker process (blocks: call it from a thread)."""
+    def step(self, meta: CaptureMeta, new: dict[str, list], in_flight: list, now_s: float,
+             timeout_s: float | None = None) -> StepResult:
+        """One step in the worker process (blocks: call it from a thread). ``meta``: the capture's
+        as of now (the agent learns the engine and its config while it runs)."""
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_init, initargs=(os.getpid(), *self._args))
         try:
-            return self._pool.submit(_step, new, in_flight, now_s).result(timeout=timeout_s)
+            return self._pool.submit(_step, meta, new, in_flight, now_s).result(timeout=timeout_s)
         except concurrent.futures.process.BrokenProcessPool:
             log.warning("the live diagnosis process died; starting another on the recent past")
             self._pool = None
