@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -288,3 +289,80 @@ def test_saturated_llama_server_pages_with_a_diagnosed_summary_then_resolves(run
             _stop(p)
         sink.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- the on-call blocks of README.md and docs/oncall.md, run as written ---------------------------
+
+DOCS = Path(__file__).resolve().parents[1]
+SLACK = re.compile(r"https://hooks\.slack\.com/services/\S+")
+DOC_PROM = re.compile(r"http://prom(?:etheus)?:9090")
+
+
+def _blocks_run_here(doc: str) -> list[str]:
+    """The shell blocks of ``doc`` whose docs-test marker says they run as written in this file."""
+    return re.findall(r"<!-- docs-test: skip \([^)]*runs as written in tests/test_oncall\.py\) -->\n```bash\n(.*?)```",
+                      (DOCS / doc).read_text(), re.S)
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("doc", ["README.md", "docs/oncall.md"])
+def test_doc_oncall_block_runs_as_written(doc, tmp_path):
+    """README.md's and docs/oncall.md's `kvdoctor oncall` commands, as a user runs them, beside a
+    real Prometheus holding a synthetic vLLM fleet's last hours (kvdoctor.testing.fleetdata): the
+    Prometheus address and the Slack webhook are substituted (a local sink plays Slack), the rest,
+    --listen, --token "$ONCALL_TOKEN" and --public-url included, is as written. An
+    Alertmanager-style alert for the sick replica must come out at the sink as a diagnosed page."""
+    import os
+    import shlex
+
+    from kvdoctor.testing.fleetdata import PrometheusOnBlocks, instance_name
+
+    if not PROM.exists():
+        pytest.skip("/usr/bin/prometheus absent (scripts/install-services installs it)")
+    blocks = _blocks_run_here(doc)
+    assert len(blocks) == 1, f"{doc}: expected one `kvdoctor oncall` block marked to run in tests/test_oncall.py, found {len(blocks)}"
+    block = blocks[0]
+    args = shlex.split(block.replace("\\\n", " "))
+    listen = args[args.index("--listen") + 1] if "--listen" in args else "127.0.0.1:9095"  # the documented default
+    token = "kvd-doc-token" if "$ONCALL_TOKEN" in block else None
+    public = args[args.index("--public-url") + 1] if "--public-url" in args else f"http://{listen}"
+    port = int(listen.rsplit(":", 1)[1])
+    poll(lambda: _port_free(port), 60, f"port {port} (the block's listen address) to be free")
+    sink = Sink()
+    with PrometheusOnBlocks(2, 1, {0}) as prom:
+        script = SLACK.sub(sink.url, DOC_PROM.sub(prom.url, block))
+        assert DOC_PROM.search(block) and SLACK.search(block) and script.count(prom.url) == 1, block
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env.pop("KVDOCTOR_TOKEN", None)
+        if token:
+            env["ONCALL_TOKEN"] = token
+        log = tmp_path / "oncall.log"
+        proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", "exec " + script.strip()], cwd=tmp_path, env=env,
+                                stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+        try:
+            url = f"http://{listen}"
+            poll(lambda: proc.poll() is None and urllib.request.urlopen(url + "/healthz", timeout=2).status == 200, 60,
+                 f"{doc}'s kvdoctor oncall at {url}/healthz")
+            alert = _alert("doc1", instance_name(0))
+            alert["startsAt"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(prom.end_s - 1800))
+            status, got = _post(url + "/alertmanager", _payload([alert]), token)
+            assert status == 200 and got["new"] == 1, (status, got, log.read_text()[-2000:])
+            page = poll(lambda: sink.texts, 120, f"{doc}: the page at the webhook")[0]
+            assert page.startswith(f"FIRING KvdoctorQueueingSaturation (critical) on {instance_name(0)}"), page
+            assert "could not diagnose" not in page and "Likely cause" in page and "rule queueing-saturation" in page, page
+            assert f"Report: {public}/report/" in page, page
+        finally:
+            _stop(proc)
+            sink.close()
+        assert proc.returncode in (0, -15), log.read_text()[-2000:]
