@@ -16,7 +16,12 @@ A block of alternatives (one import per input format, each writing ``cap/``) is 
 and each of its command lines runs on its own, in a fresh folder holding the input files the
 docs name, played by the real files in tests/data (DOC_INPUTS). A block that needs a server
 (``<!-- docs-test: llama-server -->``) runs with the server tests (``-m server``) beside a real
-llama-server, whose address replaces ``http://127.0.0.1:PORT``.
+llama-server, whose address replaces ``http://127.0.0.1:PORT``. A synopsis (``kvdoctor compare
+BEFORE AFTER [--format ...] ...``, not a command) is marked with the command it sums up
+
+    <!-- docs-test: synopsis kvdoctor compare -->
+
+and its options must be the ones that command's ``--help`` lists, in the same order.
 
 Blocks with ``$ `` prompts show output: each shown line must appear in the command's output, in
 order (whitespace collapsed; a line cut short with ``…`` or ``...`` matches up to the cut). On
@@ -44,6 +49,7 @@ SHELL = {"bash", "sh", "console", "shell"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<reason>.+)\)\s*-->")
 EACH_LINE = re.compile(r"<!--\s*docs-test:\s*each-line\s*-->")
 LLAMA = re.compile(r"<!--\s*docs-test:\s*llama-server\s*-->")
+SYNOPSIS = re.compile(r"<!--\s*docs-test:\s*synopsis\s+(?P<cmd>kvdoctor(?:\s+[\w-]+)+)\s*-->")
 DATA = ROOT / "tests" / "data"
 #: the input files that import examples name -> the real file in tests/data that plays it (see
 #: tests/data/SOURCES.md); a ".jsonl" played by a pretty-printed ".json" is written as one line
@@ -70,6 +76,7 @@ class Block:
     skip: str | None  # the marker's reason, or None: the block runs
     each_line: bool = False  # alternatives: each command line runs on its own, on DOC_INPUTS
     llama: bool = False  # runs beside a real llama-server (server tests only)
+    synopsis: str | None = None  # "kvdoctor compare": a synopsis of that command, checked against its --help
 
     @property
     def where(self) -> str:
@@ -101,15 +108,17 @@ def blocks(path: Path) -> list[Block]:
             body.append(lines[i])
             i += 1
         prev = next((ln for ln in reversed(lines[:start]) if ln.strip()), "")
-        marker = MARKER.search(prev)
+        marker, synopsis = MARKER.search(prev), SYNOPSIS.search(prev)
         out.append(Block(path, start + 1, m["lang"], "\n".join(body), marker["reason"] if marker else None,
-                         bool(EACH_LINE.search(prev)), bool(LLAMA.search(prev))))
+                         bool(EACH_LINE.search(prev)), bool(LLAMA.search(prev)),
+                         " ".join(synopsis["cmd"].split()) if synopsis else None))
         i += 1
     return out
 
 
 ALL = [b for p in DOCS for b in blocks(p)]
-RUNNABLE = [b for b in ALL if b.kind and not b.llama]
+RUNNABLE = [b for b in ALL if b.kind and not b.llama and not b.synopsis]
+SYNOPSES = [b for b in ALL if b.synopsis]
 WITH_LLAMA = [b for b in ALL if b.kind and b.llama]
 
 
@@ -260,7 +269,7 @@ def test_doc_block_runs_beside_llama_server(block: Block, scratch: Path, llama_u
 def test_every_runnable_block_is_run_or_marked():
     """A marker must sit on a block that would otherwise run: a stale marker on an output block
     hides nothing, and says so."""
-    stray = [b.where for b in ALL if (b.skip or b.each_line or b.llama) and not b.kind]
+    stray = [b.where for b in ALL if (b.skip or b.each_line or b.llama or b.synopsis) and not b.kind]
     assert not stray, f"docs-test markers on blocks that are not run anyway: {stray}"
 
 
@@ -280,6 +289,62 @@ def test_module_docstring_example_runs(scratch: Path):
     code = "\n".join(ln[4:] for ln in example.split("\n"))
     got = run_shell(f"python - <<'PYTHON_DOC_BLOCK'\n{code}\nPYTHON_DOC_BLOCK", scratch)
     assert got.returncode == 0, got.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- synopses
+
+
+def help_options(help_text: str) -> list[tuple[str, ...]]:
+    """The options a click ``--help`` lists, in its order, each as its spellings (``-o, --output
+    FILE`` -> ("-o", "--output")); --help itself left out. Option lines are indented two spaces,
+    wrapped help text further (and may quote an option: "e.g. --slo ttft_p99=2s")."""
+    opts = []
+    for ln in help_text.split("\n"):
+        m = re.match(r"  (-[\w-]+(?:, -[\w-]+)*)(?:\s|$)", ln)
+        if m and "--help" not in m[1]:
+            opts.append(tuple(m[1].split(", ")))
+    return opts
+
+
+def synopsis_options(text: str) -> list[str]:
+    """Options a synopsis names, in order of first appearance (comments dropped)."""
+    found: list[str] = []
+    for ln in text.split("\n"):
+        for opt in re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", ln.split(" #", 1)[0]):
+            if opt not in found:
+                found.append(opt)
+    return found
+
+
+@pytest.mark.parametrize("block", SYNOPSES, ids=_id)
+def test_synopsis_matches_help(block: Block, scratch: Path):
+    """A synopsis names every option of its command's --help, in the --help's order, so an option
+    added, removed or moved in the code fails here until the synopsis follows."""
+    words = block.text.split()
+    assert " ".join(words[:len(block.synopsis.split())]) == block.synopsis, \
+        f"{block.where}: marked as a synopsis of `{block.synopsis}` but begins `{' '.join(words[:3])}`"
+    got = run_shell(f"{block.synopsis} --help", scratch)
+    assert got.returncode == 0, f"{block.where}: `{block.synopsis} --help` exited {got.returncode}:\n{got.stderr[-2000:]}"
+    want = help_options(got.stdout)
+    assert want, f"{block.where}: no options found in `{block.synopsis} --help`:\n{got.stdout}"
+    named = synopsis_options(block.text)
+    unknown = [o for o in named if not any(o in spellings for spellings in want)]
+    assert not unknown, f"{block.where}: the synopsis names {unknown}, which `{block.synopsis} --help` does not list"
+    order = [next(s for s in want if o in s)[-1] for o in named]
+    expected = [s[-1] for s in want]
+    assert order == expected, (f"{block.where}: the synopsis' options differ from `{block.synopsis} --help` "
+                               f"(missing: {[o for o in expected if o not in order]}; "
+                               f"synopsis order {order}; --help order {expected})")
+
+
+def test_help_options_reads_click_help():
+    text = ("Options:\n  --format [text|json]  [default: text]\n  -o, --output FILE  Write here.\n"
+            "  --slo NAME=VALUE   Objective, e.g. --slo ttft_p99=2s\n                     --slo error_rate=1%.\n"
+            "  --sidecar-selector '{job=\"kvdoctor\"}'\n                     Fleet mode.\n"
+            "  --insecure\n  -h, --help  Show this message and exit.\n")
+    assert help_options(text) == [("--format",), ("-o", "--output"), ("--slo",), ("--sidecar-selector",), ("--insecure",)]
+    assert synopsis_options("kvdoctor x A [-o FILE] [--slo N=V ...]   # --not-this\n   [--slo M=W] [--insecure]") == \
+        ["-o", "--slo", "--insecure"]
 
 
 # ---------------------------------------------------------------- options named in the docs
