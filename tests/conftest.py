@@ -72,3 +72,43 @@ def poll(check, timeout_s: float = 30.0, what: str = "condition", every_s: float
 @pytest.fixture
 def wait_for():
     return poll
+
+
+# ---------------------------------------------------------------- doc blocks run by other test files
+
+
+def doc_blocks_for(doc: str, test_file: str) -> list[str]:
+    """The fenced blocks of ``doc`` (relative to the repo) whose docs-test skip marker says they
+    run as written in ``test_file`` (tests/test_docs.py checks that promise is kept)."""
+    import re
+
+    pattern = (r"<!-- docs-test: skip \([^\n]*?runs as written in " + re.escape(test_file)
+               + r"[^\n]*?\) -->\n```[\w-]*\n(.*?)```")
+    return re.findall(pattern, (ROOT / doc).read_text(), re.S)
+
+
+def run_get_then_collect_block(block: str, where: str) -> str:
+    """docs/test-harness.md's `scripts/get-*` + `pytest -m server tests/...` blocks: the get line
+    runs as written (``.venv/bin/python`` is this interpreter: with the build cached it only prints
+    paths, which must exist); the pytest line runs with ``--collect-only`` appended (the suite is
+    not re-run inside itself) and must select at least one test. Returns the get line's output."""
+    import re
+    import shlex
+
+    lines = [ln.split("#", 1)[0].strip() for ln in block.strip().split("\n")]
+    lines = [ln for ln in lines if ln]
+    assert len(lines) == 2 and "scripts/get-" in lines[0] and " -m pytest " in lines[1], f"{where}: {lines}"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    got = []
+    for k, line in enumerate(lines):
+        cmd = shlex.split(line)
+        assert cmd[0] == ".venv/bin/python", f"{where}: `{line}` does not start with .venv/bin/python"
+        cmd = [sys.executable, *cmd[1:], *(["--collect-only", "-p", "no:cacheprovider"] if k else [])]
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"{where}: `{line}` exited {r.returncode}:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"
+        got.append(r.stdout)
+    paths = re.findall(r"^[\w -]+: (/\S+)$", got[0], re.M)
+    assert len(paths) == 2 and all(Path(p).exists() for p in paths), f"{where}: `{lines[0]}` printed:\n{got[0]}"
+    n = re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", got[1])
+    assert n and int(n[1]) > 0, f"{where}: `{lines[1]}` selects no test:\n{got[1][-1500:]}"
+    return got[0]

@@ -274,11 +274,23 @@ def test_every_runnable_block_is_run_or_marked():
 
 
 def test_blocks_said_to_run_elsewhere_are_run_there():
-    """A skip that says "runs as written in tests/X.py" is a promise: X reads that doc's block."""
-    said = [(b, m[1]) for b in ALL if b.skip for m in [re.search(r"runs as written in (tests/[\w/]+\.py)", b.skip)] if m]
+    """A skip that says "runs as written in tests/X.py" (or "checked in tests/X.py") is a promise:
+    X reads that doc's block."""
+    said = [(b, m[1]) for b in ALL if b.skip
+            for m in [re.search(r"(?:runs as written|checked) in (tests/[\w/]+\.py)", b.skip)] if m]
     assert said, "no block claims to run elsewhere (the README's attach examples do)"
     for b, test in said:
         assert b.path.name in (ROOT / test).read_text(), f"{b.where}: {test} does not read {b.path.name}"
+
+
+def test_ci_runs_the_readme_test_block():
+    """.ci/run is CI's entry point; the README says it runs exactly the README's test command.
+    Its commands, past the shebang, `set` and `cd` to the checkout, must be that block's."""
+    (block,) = [b for b in ALL if b.path.name == "README.md" and b.skip and ".ci/run" in b.skip]
+    ci = [ln for ln in command_lines((ROOT / ".ci" / "run").read_text())
+          if not ln.startswith(("set ", "cd "))]
+    assert [ln.removeprefix("exec ") for ln in ci] == command_lines(block.text), \
+        f"{block.where}: .ci/run runs {ci}, the README's test block says {command_lines(block.text)}"
 
 
 def test_module_docstring_example_runs(scratch: Path):

@@ -21,3 +21,21 @@ def test_x86_build_never_native_never_amx(monkeypatch):
     monkeypatch.setattr(ls, "_cpu_flags", lambda: {"avx", "sse4_2"})
     tag, args = ls.build_flavour()
     assert tag == "x86-avx" and "-DGGML_AVX2=ON" not in args and "-DGGML_AVX=ON" in args
+
+
+def test_doc_cmake_block_is_the_build(monkeypatch):
+    """docs/test-harness.md's cmake block is exactly what the build runs on an AVX2 x86-64 machine
+    (paths and job count as the docs name them): a changed option in either fails here."""
+    import shlex
+
+    from conftest import doc_blocks_for
+
+    monkeypatch.setattr(ls.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(ls, "_cpu_flags", lambda: {"avx", "avx2", "fma", "f16c", "bmi2"})
+    (block,) = doc_blocks_for("docs/test-harness.md", "kvdoctor/testing/llama_build.py")
+    written = [shlex.split(cmd, comments=True) for cmd in block.replace("\\\n", " ").strip().split("\n")]
+    configure, make = ls.cmake_commands("cmake", "llama.cpp", "build", "$(nproc)", ninja=True,
+                                        args=ls._BASE_CMAKE_ARGS + ls.build_flavour()[1])
+    assert written[0] == configure, f"docs/test-harness.md's cmake configure line differs from the build's:\n{written[0]}\n{configure}"
+    assert written[1] == make, f"docs/test-harness.md's cmake build line differs from the build's:\n{written[1]}\n{make}"
+    assert len(written) == 2

@@ -52,3 +52,13 @@ def test_restart_keeps_port(server):
     timings = asyncio.run(run_load(server.url, short_prompts(1, max_tokens=4), concurrency=1,
                                    timeout_s=60, max_duration_s=90))
     assert timings[0].status == "ok", timings[0].error
+
+
+def test_harness_doc_block_runs_as_written():
+    """docs/test-harness.md's first block: `scripts/get-llama-server` as written (cached: it only
+    prints the binary and model paths), then its pytest line, collected only."""
+    from conftest import doc_blocks_for, run_get_then_collect_block
+
+    (block,) = doc_blocks_for("docs/test-harness.md", "tests/test_harness_llama.py")
+    out = run_get_then_collect_block(block, "docs/test-harness.md (get-llama-server)")
+    assert "llama-server: " in out and ".gguf" in out

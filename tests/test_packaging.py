@@ -28,3 +28,40 @@ def test_wheel_ships_rules_and_schema(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) >= 15
+
+
+@pytest.mark.slow
+def test_readme_try_it_block_runs_as_written(tmp_path):
+    """README.md's "Try it" line, as a new user runs it in a fresh checkout (the tracked files
+    copied to a temp folder; pip's own cache as it is): a new venv, a non-editable install, then
+    the summary of samples/multi-turn, whose top cause must be the one this venv's kvdoctor names."""
+    import re
+    import shutil
+    from pathlib import Path
+
+    from conftest import doc_blocks_for
+
+    root = Path(__file__).resolve().parents[1]
+    (block,) = doc_blocks_for("README.md", "tests/test_packaging.py")
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True).stdout
+    checkout = tmp_path / "kvdoctor"
+    for name in filter(None, files.split("\0")):
+        if (root / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, checkout / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "KVDOCTOR_DEBUG")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not p.startswith(os.path.dirname(sys.executable)))  # python3: the system's
+    got = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=checkout, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert got.returncode == 0, f"README.md's Try it block exited {got.returncode}:\n{got.stderr[-3000:]}"
+    assert not list((checkout / ".venv" / "lib").glob("python*/site-packages/__editable__*")), "installed editable"
+    mine = subprocess.run([sys.executable, "-m", "kvdoctor", "summary", str(root / "samples" / "multi-turn")],
+                          capture_output=True, text=True, check=True).stdout
+
+    def top_cause(text):
+        m = re.search(r"^Likely cause \(\d+%, rule ([\w-]+)\)", text, re.M)
+        assert m, text[-2000:]
+        return m[1]
+
+    assert top_cause(got.stdout) == top_cause(mine) == "kv-growth-per-turn"

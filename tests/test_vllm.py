@@ -9,6 +9,7 @@ per machine (see docs/test-harness.md for the cost).
 """
 import asyncio
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -335,13 +336,41 @@ class TestMainServer:
 
 # ------------------------------------------------------------------ prefix caching off
 
+HARNESS_DOC = Path(__file__).parents[1] / "docs" / "test-harness.md"
+
+
+def doc_vllm_block() -> tuple[dict, str, list]:
+    """docs/test-harness.md's VllmServer block: (its imports run, the `with` statement's
+    VllmServer(...) call as written, the statements of the with's body)."""
+    import ast
+
+    block = re.search(r"runs as written in tests/test_vllm\.py[^)]*\) -->\n```python\n(.*?)```",
+                      HARNESS_DOC.read_text(), re.S)
+    assert block, "docs/test-harness.md: no python block marked to run as written in tests/test_vllm.py"
+    tree = ast.parse(block[1])
+    with_ = [n for n in tree.body if isinstance(n, ast.With)]
+    assert len(with_) == 1, "docs/test-harness.md's VllmServer block: expected one `with VllmServer(...) as srv:`"
+    ns: dict = {}
+    exec(compile(ast.Module([n for n in tree.body if n is not with_[0]], []), str(HARNESS_DOC), "exec"), ns)
+    return ns, ast.get_source_segment(block[1], with_[0].items[0].context_expr), with_[0].body
+
+
 @pytest.fixture(scope="class")  # one server per class, stopped when the class is done
 def off():
+    """The prefix-caching-off server is docs/test-harness.md's example, started as written (the
+    OTLP receiver's port substituted); its options must be the prefix-cache-off scenario's."""
+    import ast
+
     port = free_port()
     opts = S.vllm_options(S.SCENARIOS["prefix-cache-off"])
     assert opts == {**S.VLLM_MAIN, "prefix_caching": False}
-    with VllmServer(**opts, otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
-                    otlp_protocol="http/protobuf") as srv:
+    ns, call, _ = doc_vllm_block()
+    written = {k.arg: ast.literal_eval(k.value) for k in ast.parse(call, mode="eval").body.keywords}
+    assert {k: v for k, v in written.items() if not k.startswith("otlp_")} == opts, \
+        f"docs/test-harness.md: {call} is no longer the prefix-cache-off scenario's server ({opts})"
+    mine = call.replace("http://127.0.0.1:4318/", f"http://127.0.0.1:{port}/")
+    assert mine != call, call
+    with eval(mine, ns) as srv:
         srv.otlp_port = port
         yield srv
 
@@ -356,6 +385,15 @@ class TestPrefixCachingOff:
         assert evidence(c)["prefix_hit_rate_achieved"] < 0.1
         assert "--enable-prefix-caching" in json.dumps(c["fixes"])
         assert kvdoctor.load(out).meta.config.get("prefix_caching") is False  # from cache_config_info
+
+    def test_doc_block_body_runs(self, off):
+        """The body of docs/test-harness.md's `with VllmServer(...) as srv:` block, on the server
+        that block started (the `off` fixture)."""
+        import ast
+
+        ns, _, body = doc_vllm_block()
+        exec(compile(ast.Module(body, []), str(HARNESS_DOC), "exec"), {**ns, "srv": off})
+        assert (off.kv_capacity_tokens_logged() or 0) > 0
 
     def test_spans_over_http(self, off, tmp_path):
         out = tmp_path / "cap"
@@ -448,3 +486,13 @@ class TestTinyKvCache:
         assert refused and all(t.http_status == 400 for t in refused), {t.error for t in refused}
         ev = evidence(cause(diag, "kv-oom"))
         assert ev["context_errors"] == len(refused), ev
+
+
+def test_harness_doc_get_vllm_block_runs_as_written():
+    """docs/test-harness.md's vLLM block: `scripts/get-vllm` as written (installed already: it only
+    prints the interpreter and model paths), then its pytest line, collected only."""
+    from conftest import doc_blocks_for, run_get_then_collect_block
+
+    (block,) = [b for b in doc_blocks_for("docs/test-harness.md", "tests/test_vllm.py") if "scripts/get-vllm" in b]
+    out = run_get_then_collect_block(block, "docs/test-harness.md (get-vllm)")
+    assert "vllm python: " in out and "model: " in out

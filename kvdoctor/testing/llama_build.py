@@ -89,6 +89,14 @@ def build_flavour() -> tuple[str, tuple[str, ...]]:
 
 CMAKE_ARGS: tuple[str, ...] = _BASE_CMAKE_ARGS + build_flavour()[1]
 
+
+def cmake_commands(cmake: str, src: str | Path, build: str | Path, jobs: str, ninja: bool,
+                   args: Sequence[str] = CMAKE_ARGS) -> tuple[list[str], list[str]]:
+    """The configure and build command lines (docs/test-harness.md shows them; a test checks)."""
+    gen = ["-G", "Ninja"] if ninja else []
+    return ([cmake, "-S", str(src), "-B", str(build), *gen, *args],
+            [cmake, "--build", str(build), "--target", "llama-server", "-j", jobs])
+
 BUILD_TIMEOUT_S = 3 * 3600
 LOCK_WAIT_S = 3 * 3600
 
@@ -245,9 +253,9 @@ def _build_into(final_dir: Path) -> None:
         src = srcs[0]
         build = work / "build"
         cmake = _find_cmake(work)
-        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        _run_logged([cmake, "-S", src, "-B", build, *gen, *CMAKE_ARGS])
-        _run_logged([cmake, "--build", build, "--target", "llama-server", "-j", jobs])
+        configure, make = cmake_commands(cmake, src, build, jobs, ninja=bool(shutil.which("ninja")))
+        _run_logged(configure)
+        _run_logged(make)
         built = build / "bin" / "llama-server"
         if not _is_exe(built):
             raise FileNotFoundError(f"build finished but {built} is missing")
