@@ -1,6 +1,5 @@
-"""Output quality under KV quantisation: the same long prompts, greedy decoding, against a
-baseline server (e.g. f16 KV) and a candidate (e.g. q4_0 KV); per prompt, how early the
-outputs diverge and how repetitive each is, by context length. No text is kept."""
+"""The probe: each prompt sent, greedy, to the baseline server and then to the candidate; per
+prompt, how early the two outputs diverge and how repetitive each is. No text is kept."""
 from __future__ import annotations
 
 import time
@@ -8,15 +7,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import orjson
 
-from .capture.jsonl import json_lines
-from .collect.textstats import repetition
-from .diagnosis.rules import builtin_params
-from .errors import InputError
+from ..capture.jsonl import json_lines
+from ..collect.textstats import repetition
+from ..errors import InputError
 
 
 @dataclass(frozen=True)
@@ -98,56 +94,3 @@ def compare(baseline: str, candidate: str, prompts: list[list[dict[str, str]]], 
         if progress:
             progress(i + 1, len(prompts))
     return out
-
-
-def by_context(results: list[Comparison], buckets: int = 4) -> list[dict[str, Any]]:
-    """Per prompt-length bucket: median agreement and repetition, baseline vs candidate."""
-    lengths = np.array([r.prompt_tokens or 0 for r in results], dtype=float)
-    edges = np.unique(np.quantile(lengths, np.linspace(0, 1, buckets + 1)))
-    rows = []
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        sel = [r for r, L in zip(results, lengths) if lo <= L <= hi]
-        if not sel:
-            continue
-
-        def med(xs):
-            xs = [x for x in xs if x is not None]
-            return float(np.median(xs)) if xs else None
-
-        rows.append({"prompt_tokens_from": int(lo), "prompt_tokens_to": int(hi), "prompts": len(sel),
-                     "agreement_p50": med([r.agreement_frac for r in sel]),
-                     "baseline_repetition_p50": med([r.baseline_repetition for r in sel]),
-                     "candidate_repetition_p50": med([r.candidate_repetition for r in sel])})
-    return rows
-
-
-def verdict(rows: list[dict[str, Any]], params: dict[str, float] | None = None) -> str:
-    """Degraded when, at the longest contexts, the candidate repeats itself much more than the
-    baseline or stops agreeing with it much earlier than at the shortest contexts. The margins
-    are the kv-quant-quality rule's (``min_repetition_gap``, ``min_agreement_drop``), so this
-    verdict and `kvdoctor diagnose` on the --capture judge alike; ``params`` overrides them."""
-    if not rows:
-        return "no data"
-    p = {**builtin_params("kv-quant-quality"), **(params or {})}
-    long_, short = rows[-1], rows[0]
-    rep_gap = (long_["candidate_repetition_p50"] or 0) - (long_["baseline_repetition_p50"] or 0)
-    agree_drop = (short["agreement_p50"] or 0) - (long_["agreement_p50"] or 0)
-    if rep_gap >= p["min_repetition_gap"] or agree_drop >= p["min_agreement_drop"]:
-        return (f"DEGRADED at long context: candidate repetition {long_['candidate_repetition_p50']:.2f} vs baseline "
-                f"{long_['baseline_repetition_p50']:.2f}; agreement {long_['agreement_p50']:.2f} vs {short['agreement_p50']:.2f} at short context")
-    return "no degradation beyond noise"
-
-
-def write_capture(results: list[Comparison], out: Path, candidate: str, config: dict[str, Any]) -> None:
-    """The candidate's requests as a capture, each carrying its baseline comparison, so that
-    `kvdoctor diagnose` can judge kv-quant-quality against the baseline."""
-    from .capture import CaptureWriter
-    from .model import CaptureMeta, RequestRecord
-
-    meta = CaptureMeta(created_unix_s=time.time(), server=candidate, origin="quality", config=dict(config))
-    with CaptureWriter(out, meta) as w:
-        for r in results:
-            w.write(RequestRecord(request_id=f"q{r.index}", arrival_s=r.started_s, e2e_s=r.candidate_s,
-                                  prompt_tokens=r.prompt_tokens, output_tokens=r.candidate_output_tokens,
-                                  output_repetition=r.candidate_repetition, baseline_agreement_frac=r.agreement_frac,
-                                  baseline_output_repetition=r.baseline_repetition, server=candidate, status="ok"))
