@@ -126,6 +126,9 @@ def render_text(a: dict) -> str:
     if "split_tokens" in t:
         lines.append(f"    split at {t['split_tokens']:,} prompt tokens ({t['long_frac']:.0%} long); short TTFT "
                      f"{_pct(t['short_ttft_change'])}, short TPOT {_pct(t['short_tpot_change'])}")
+        if t.get("long_prompt_token_share") is not None:
+            lines.append(f"    the long {t['long_frac']:.0%} carry {t['long_prompt_token_share']:.0%} of the prompt tokens: "
+                         "size the long pool for that share of the prefill work")
         for name, p in (t.get("pools") or {}).items():
             conc = f", {p['safe_concurrency']} safe concurrent" if "safe_concurrency" in p else ""
             lines.append(f"    {name} pool: P99 {p['p99_len_tokens']:,} tokens, "

@@ -180,15 +180,19 @@ def tiering(w: Window, pools: dict | None) -> dict:
         "short requests in their own pool get the TTFT/TPOT the capture's short requests had with no long one in "
         "flight (low end) or keep today's (high end)",
         "each pool's KV sized by kvdoctor plan for its own P99 length (with --model and --gpu-mem)",
+        "the long pool takes the long requests' share of the prompt tokens (prefill work grows with them): give it "
+        "that share of the instances, or its own prefills will stall its decodes and queue its requests",
     ]
     if len(p) < 20:
         return {"verdict": "unknown", "reason": "fewer than 20 requests with prompt lengths", "assumptions": assumptions}
     med = float(np.median(p))
     split_tokens = int(max(4 * med, float(np.percentile(p, 90))))  # whole tokens: ties fall on the long side
     long_frac = float(np.mean(p >= split_tokens))
+    long_token_share = float(p[p >= split_tokens].sum() / p.sum()) if p.sum() > 0 else float("nan")
     tail = w.value("prompt_p99_over_p50")
     hol, tpot_r = w.value("hol_ttft_ratio"), w.value("short_tpot_long_inflight_ratio")
-    out = {"split_tokens": int(split_tokens), "long_frac": _r(long_frac), "prompt_p99_over_p50": _r(tail),
+    out = {"split_tokens": int(split_tokens), "long_frac": _r(long_frac), "long_prompt_token_share": _r(long_token_share),
+           "prompt_p99_over_p50": _r(tail),
            "short_ttft_long_inflight_ratio": _r(hol), "short_tpot_long_inflight_ratio": _r(tpot_r),
            "short_ttft_change": _rng(1 / hol - 1, 0.0) if math.isfinite(hol) and hol > 1 else [0.0, 0.0],
            "short_tpot_change": _rng(1 / tpot_r - 1, 0.0) if math.isfinite(tpot_r) and tpot_r > 1 else [0.0, 0.0],

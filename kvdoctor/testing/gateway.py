@@ -12,16 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-
-from . import loadgen
-from .llama_server import LlamaServer, free_port
-from .nginx import write_conf
+from . import loadgen, nginx
+from .llama_server import LlamaServer
 
 GATE = """
     limit_req_zone $binary_remote_addr zone=kvd_rl:1m rate=2r/s;
@@ -40,29 +36,18 @@ GATE = """
 def record(out: Path, n: int = 30, concurrency: int = 6) -> list[loadgen.ClientTiming] | None:
     """Run the load through kvdoctor -> nginx -> llama-server; the capture lands in ``out`` with
     client-timings.jsonl beside it. None when nginx is not installed."""
-    from .scenarios import AttachedAgent, _wait_port
+    from .scenarios import AttachedAgent
 
     if out.exists():
         shutil.rmtree(out)
-    conf_dir = Path(tempfile.mkdtemp(prefix="kvd-gate-"))
-    gate_port = free_port()
-    try:
-        with LlamaServer(n_ctx=2048, parallel=2) as srv:
-            cmd = write_conf(conf_dir, GATE.format(port=gate_port, upstream=srv.port))
-            if not cmd:
+    with LlamaServer(n_ctx=2048, parallel=2) as srv:
+        with nginx.running(lambda port: GATE.format(port=port, upstream=srv.port)) as gate_port:
+            if gate_port is None:
                 return None
-            gate = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                _wait_port(gate_port)
-                with AttachedAgent(f"http://127.0.0.1:{gate_port}", out, srv.pid) as att:
-                    timings = asyncio.run(loadgen.run_load(att.proxy_url, loadgen.short_prompts(n, max_tokens=8),
-                                                           concurrency=concurrency, timeout_s=120))
-                    time.sleep(1.5)  # one more scrape after the last request
-            finally:
-                gate.terminate()
-                gate.wait(10)
-    finally:
-        shutil.rmtree(conf_dir, ignore_errors=True)
+            with AttachedAgent(f"http://127.0.0.1:{gate_port}", out, srv.pid) as att:
+                timings = asyncio.run(loadgen.run_load(att.proxy_url, loadgen.short_prompts(n, max_tokens=8),
+                                                       concurrency=concurrency, timeout_s=120))
+                time.sleep(1.5)  # one more scrape after the last request
     loadgen.write_timings(out / "client-timings.jsonl", timings)
     return timings
 

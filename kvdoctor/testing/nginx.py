@@ -2,8 +2,14 @@
 benchmark's baseline, and a bearer-token gate in front of Prometheus in the fleet tests."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 CONF = """
@@ -42,3 +48,36 @@ def write_conf(tmp: Path, servers: str) -> list[str]:
         conf = conf.replace(f"user {user};\n", "")
     (tmp / "nginx.conf").write_text(conf)
     return [exe, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)]
+
+
+@contextlib.contextmanager
+def running(servers: Callable[[int], str], timeout_s: float = 20.0) -> Iterator[int | None]:
+    """nginx in the foreground on a temp config whose ``server``/``upstream`` blocks are
+    ``servers(port)``, for a free ``port``; yields that port once nginx listens (None when nginx
+    is not installed) and stops nginx on exit."""
+    from .server_base import free_port
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvd-nginx-"))
+    port = free_port()
+    try:
+        cmd = write_conf(tmp, servers(port))
+        if not cmd:
+            yield None
+            return
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise TimeoutError(f"nginx did not listen on 127.0.0.1:{port} (config in {tmp})") from None
+                    time.sleep(0.05)
+            yield port
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
