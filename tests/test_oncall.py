@@ -305,9 +305,13 @@ def _blocks_run_here(doc: str) -> list[str]:
 
 
 def _port_free(port: int) -> bool:
+    """Nothing listens on ``port``. Bound as the server binds it (SO_REUSEADDR, asyncio's default on
+    Unix): the previous block's connections leave the port in TIME_WAIT for 60 s, which only a
+    bind without it refuses."""
     import socket
 
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
