@@ -62,9 +62,8 @@ def test_advise_predicts_what_routing_by_length_bought():
     assert np.median(after) <= 1.5 * np.median(clear)
 
     # TPOT the same way: short decodes that overlapped a long request in flight, then on their own pool
-    spread_rows = rows
-    flights = [(r["send_s"], r["finish_s"]) for r in spread_rows if r["session_id"].startswith("long")]
-    overlapped = [r["tpot_s"] for r in spread_rows if r["session_id"].startswith("short") and r["tpot_s"]
+    flights = [(r["send_s"], r["finish_s"]) for r in rows if r["session_id"].startswith("long")]
+    overlapped = [r["tpot_s"] for r in rows if r["session_id"].startswith("short") and r["tpot_s"]
                   and any(a < r["finish_s"] and b > r["first_token_s"] for a, b in flights)]
     routed_tpot = [r["tpot_s"] for r in _timings(ROUTED) if r["session_id"].startswith("short") and r["tpot_s"]]
     measured = float(np.median(routed_tpot) / np.median(overlapped) - 1)
