@@ -30,24 +30,24 @@ What it does:
 Overhead: on the critical path only a clock read and an incremental SSE split + one
 ``orjson.loads`` per event; the request body is parsed after the response is complete.
 
-This module is the relay (aiohttp handler, upstream sessions, retries, fail-open); the
+This module is the relay (aiohttp handler, retries, fail-open); the upstream leg is
+:mod:`kvdoctor.collect.upstream`; the
 per-chunk annotation is :mod:`kvdoctor.collect.proxy_stream`, the record built from it
 :mod:`kvdoctor.collect.proxy_record`.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from yarl import URL
 
 from kvdoctor.collect.proxy_record import build_record, client_request_id, traceparent_trace_id
 from kvdoctor.collect.proxy_stream import MAX_ANALYSED_BODY, MAX_SSE_EVENT_BYTES, StreamAnnotator
+from kvdoctor.collect.upstream import ClosedEarly, Malformed, Response, UpstreamClient, UpstreamError
 from kvdoctor.model import RequestRecord
 
 #: importable from here as before the split (tests, the sidecar, benchmarks)
@@ -69,11 +69,10 @@ _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "transfer-encoding", "te", "trailer", "trailers", "upgrade",
     "proxy-connection", "proxy-authenticate", "proxy-authorization",
 })
-#: request headers not forwarded besides hop-by-hop ones: aiohttp sets Host and
-#: Content-Length from the URL and body; the body was already read (no 100-continue).
-_REQ_DROP = frozenset({"host", "content-length", "expect"})
-#: never let the client library add headers the client did not send
-_SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+_HOP_BY_HOP_B = frozenset(h.encode() for h in _HOP_BY_HOP)
+#: request headers not forwarded besides hop-by-hop ones: the upstream client writes Host and
+#: the body's framing itself; the body was already read (no 100-continue)
+_REQ_DROP_B = frozenset({b"host", b"content-length", b"expect"})
 
 #: resend a request once on a new connection if a pooled one failed within this many seconds
 RETRY_WITHIN_S = 1.0
@@ -81,26 +80,20 @@ RETRY_WITHIN_S = 1.0
 REUSE_WITHIN_S = 4.0
 
 
-def _hop_headers(headers: Any) -> set[str]:
-    """Hop-by-hop names: the fixed set, Proxy-*, and those listed in Connection."""
-    extra = set()
-    for v in headers.getall("Connection", ()):
-        for name in v.split(","):
-            name = name.strip().lower()
-            if name:
-                extra.add(name)
-    return extra
+def _request_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
+    """The client's end-to-end headers as received (bytes): hop-by-hop ones (the fixed set,
+    Proxy-*, those named in Connection) and Host, Content-Length, Expect dropped."""
+    extra = {n.strip().lower() for k, v in raw if k.lower() == b"connection" for n in v.split(b",")}
+    return [(k, v) for k, v in raw
+            if (lk := k.lower()) not in _HOP_BY_HOP_B and lk not in _REQ_DROP_B and lk not in extra
+            and not lk.startswith(b"proxy-")]
 
 
-def _forward_headers(headers: Any, drop: frozenset[str]) -> list[tuple[str, str]]:
-    extra = _hop_headers(headers)
-    out = []
-    for k, v in headers.items():
-        lk = k.lower()
-        if lk in _HOP_BY_HOP or lk in drop or lk in extra or lk.startswith("proxy-"):
-            continue
-        out.append((k, v))
-    return out
+def _response_headers(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The upstream's end-to-end response headers (hop-by-hop ones dropped, as above)."""
+    extra = {n.strip().lower() for k, v in pairs if k.lower() == "connection" for n in v.split(",")}
+    return [(k, v) for k, v in pairs
+            if (lk := k.lower()) not in _HOP_BY_HOP and lk not in extra and not lk.startswith("proxy-")]
 
 
 def _log_once(seen: set[str], kind: str, exc: BaseException) -> None:
@@ -126,12 +119,13 @@ class _Proxy:
         u = URL(self.base)
         if u.scheme not in ("http", "https") or not u.host:
             raise ValueError(f"upstream must be an http(s) URL, got {upstream_url!r}")
+        self.client = UpstreamClient(self.base)
+        #: a path the upstream URL carries goes before every request's
+        self.prefix = u.raw_path.rstrip("/").encode()
         self.sink = sink
         self.store_text = store_text
         self.block_chars = block_chars
         self.server_label = server_label if server_label is not None else f"{u.host}:{u.port}"
-        self.session: aiohttp.ClientSession | None = None
-        self.fresh_session: aiohttp.ClientSession | None = None
         self.upstream_ok: bool | None = None
         #: set once the upstream was seen dropping pooled connections (see handle)
         self.close_after_stream = False
@@ -150,24 +144,8 @@ class _Proxy:
                               status="in-flight", server=self.server_label)
                 for k, an in list(self.in_flight.items())]
 
-    def _new_session(self, force_close: bool) -> aiohttp.ClientSession:
-        # keepalive below the common 5 s server keep-alive (llama.cpp/cpp-httplib, uvicorn)
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=force_close,
-                                         keepalive_timeout=None if force_close else 4.0)
-        return aiohttp.ClientSession(
-            connector=connector, auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            skip_auto_headers=_SKIP_AUTO, cookie_jar=aiohttp.DummyCookieJar())
-
-    async def on_startup(self, app: web.Application) -> None:
-        self.session = self._new_session(False)
-        #: one retry goes here: a new connection, never a pooled one the server may have closed
-        self.fresh_session = self._new_session(True)
-
     async def on_cleanup(self, app: web.Application) -> None:
-        for s in (self.session, self.fresh_session):
-            if s is not None:
-                await s.close()
+        self.client.close()
 
     def _status(self, ok: bool, detail: str) -> None:
         if self.upstream_ok is ok:
@@ -235,20 +213,15 @@ class _Proxy:
 
     async def _handle(self, request: web.Request, body: bytes, an: StreamAnnotator | None,
                       stream: Any = None) -> web.StreamResponse:
-        assert self.session is not None
-        url = URL(self.base + request.raw_path, encoded=True)
-        headers = _forward_headers(request.headers, _REQ_DROP)
-        data = stream if stream is not None else (body if body else None)
-        if stream is not None and request.content_length is not None:  # the client's framing, not chunked
-            headers.append(("Content-Length", str(request.content_length)))
+        method = request.method.encode()
+        target = self.prefix + request.raw_path.encode("utf-8", "surrogateescape")
+        headers = _request_headers(request.raw_headers)
+        length = request.content_length if stream is not None else None  # the client's framing, else chunked
         try:
             t_send = time.monotonic()
             try:
-                up = await self.session.request(request.method, url, data=data, headers=headers,
-                                                allow_redirects=False)
-            except aiohttp.ClientConnectorError:
-                raise
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                up = await self.client.send(method, target, headers, body, stream, length)
+            except ClosedEarly:
                 # A pooled keep-alive connection the server had already closed (llama.cpp
                 # closes it after a response that outlived its 5 s keep-alive timer): the
                 # request never got an answer; send it once more on a new connection. Only
@@ -259,17 +232,15 @@ class _Proxy:
                 # llama.cpp closes the connection after every streamed response: from now
                 # on do not pool those, so the next request does not race the server's FIN
                 self.close_after_stream = True
-                up = await self.fresh_session.request(request.method, url, data=data,
-                                                      headers=headers, allow_redirects=False)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                up = await self.client.send(method, target, headers, body, fresh=True)
+        except UpstreamError as e:
             # unreachable, or an answer that is not HTTP (bad status line, oversized or too many
             # headers, bad framing): the client gets a 502 JSON error, the capture an error record
             self.stats["upstream_errors"] += 1
-            if isinstance(e, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
-                              aiohttp.ClientOSError, asyncio.TimeoutError)):
-                detail = f"upstream unreachable: {type(e).__name__}: {e}"[:300]
+            if isinstance(e, Malformed):
+                detail = f"upstream_error: malformed response ({_one_line(e)})"[:300]
             else:
-                detail = f"upstream_error: malformed response ({type(e).__name__}: {_one_line(e)})"[:300]
+                detail = f"upstream unreachable: {type(e).__name__}: {e}"[:300]
             self._status(False, detail)
             if an is not None:
                 try:
@@ -290,21 +261,18 @@ class _Proxy:
         finally:
             # keep the connection unless it is broken or the server is about to drop it
             # (cpp-httplib closes a keep-alive connection used longer than 5 s)
-            if (done and time.monotonic() - t_send < REUSE_WITHIN_S
-                    and not (self.close_after_stream
-                             and up.headers.get("Content-Type", "").startswith("text/event-stream"))):
-                up.release()
-            else:  # drop the upstream connection: the server sees the client go away
-                up.close()
+            self.client.finish(up, done and time.monotonic() - t_send < REUSE_WITHIN_S
+                               and not (self.close_after_stream
+                                        and up.header("Content-Type").startswith("text/event-stream")))
 
-    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
+    async def _relay(self, request: web.Request, up: Response,
                      an: StreamAnnotator | None, body: bytes) -> tuple[web.StreamResponse, bool]:
         """Stream the upstream response to the client; returns (response, body fully relayed)."""
         resp = web.StreamResponse(status=up.status, reason=up.reason)
-        resp.headers.extend(_forward_headers(up.headers, frozenset()))
+        resp.headers.extend(_response_headers(up.headers))
         if an is not None:
             try:
-                an.start(up.status, up.headers.get("Content-Type", ""))
+                an.start(up.status, up.header("Content-Type"))
             except Exception as e:  # noqa: BLE001
                 self._fail(an, "start", e)
                 an = None
@@ -321,7 +289,7 @@ class _Proxy:
             return resp, False
         client_gone = False
         try:
-            async for chunk in up.content.iter_any():
+            async for chunk in up.iter_any():
                 now = time.time()
                 try:
                     await resp.write(chunk)
@@ -336,7 +304,7 @@ class _Proxy:
                     except Exception as e:  # noqa: BLE001
                         self._fail(an, "feed", e)
                         an = None
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+        except UpstreamError as e:
             # upstream broke mid-body: the client must see a broken response, not a clean end
             self.stats["upstream_errors"] += 1
             if an is not None:
@@ -371,7 +339,6 @@ def make_proxy_app(upstream_url: str, sink: Any, *, store_text: bool = False,
     proxy = _Proxy(upstream_url, sink, store_text, block_chars, server_label)
     app = web.Application(client_max_size=client_max_size)
     app[PROXY_KEY] = proxy
-    app.on_startup.append(proxy.on_startup)
     app.on_cleanup.append(proxy.on_cleanup)
     app.router.add_route("*", "/{tail:.*}", proxy.handle)
     return app

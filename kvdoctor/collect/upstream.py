@@ -1,0 +1,445 @@
+"""The proxy's upstream leg: a lean HTTP/1.1 client on asyncio's protocol API and llhttp's C
+parser (httptools, uvicorn's), with a small keep-alive pool.
+
+    client = UpstreamClient("http://127.0.0.1:8080")
+    up = await client.send(b"POST", b"/v1/chat/completions", headers, body)  # head parsed
+    while chunk := await up.read():  # body bytes as they arrive; b"" at the end
+        ...
+    client.finish(up, reuse=True)
+
+Why not aiohttp's ClientSession (which this replaced): per request it builds a request and a
+response object, timers, trace hooks and a writer task, ~0.3 ms of the ~0.6 ms the proxy added
+at the median (benchmarks/bench_proxy.py part B). Here a request is one ``transport.write`` and
+each body chunk goes from the protocol callback to the relay's waiting ``read``.
+
+One exchange at a time per connection, no pipelining. A response head is bounded
+(:data:`MAX_HEAD_BYTES`, :data:`MAX_HEADERS`): past either it is :class:`Malformed`, like a bad
+status line or bad chunking. A body is read with flow control: past :data:`HIGH_WATER_BYTES`
+not yet taken by the relay (a slow client), reading from the upstream pauses.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import ipaddress
+import socket
+import ssl
+import time
+from typing import Any, AsyncIterator
+
+import httptools
+from yarl import URL
+
+#: bytes of status line and headers one response may have (aiohttp's client allowed ~8 KiB a line)
+MAX_HEAD_BYTES = 64 * 1024
+#: header lines one response may have
+MAX_HEADERS = 256
+#: body bytes buffered for a relay that has not taken them yet before the upstream is paused
+HIGH_WATER_BYTES = 1 << 20
+#: an idle pooled connection older than this is not used (below the common 5 s server
+#: keep-alive of llama.cpp/cpp-httplib and uvicorn: the server would be about to close it)
+KEEPALIVE_S = 4.0
+#: resolved addresses of a named upstream are kept this long (aiohttp's default too)
+DNS_TTL_S = 300.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+class UpstreamError(Exception):
+    """The upstream exchange failed; subclasses say how."""
+
+
+class Unreachable(UpstreamError):
+    """No connection could be made (refused, unresolvable, timed out)."""
+
+
+class ClosedEarly(UpstreamError):
+    """The connection closed before a whole response head arrived."""
+
+
+class Malformed(UpstreamError):
+    """What came back is not an HTTP/1.x response within the bounds above."""
+
+
+class BrokeMidBody(UpstreamError):
+    """The response head arrived, then the body broke (closed early, bad chunking)."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class Response:
+    """One response: ``status``, ``reason``, ``headers`` (``(name, value)`` str pairs in the
+    order received) once :meth:`UpstreamClient.send` returned; the body through :meth:`read`."""
+
+    __slots__ = ("status", "reason", "headers", "complete", "_chunks", "_buffered", "_exc", "_waiter",
+                 "_conn", "_head", "_head_bytes", "_reason_parts", "_name", "_value", "_head_only",
+                 "_delimited", "_paused", "keep_alive")
+
+    def __init__(self, conn: "_Conn", head_only: bool) -> None:
+        self.status = 0
+        self.reason = ""
+        self.headers: list[tuple[str, str]] = []
+        #: the whole body arrived (a connection may then be reused)
+        self.complete = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._conn = conn
+        #: resolved once the head is parsed (or the exchange failed before)
+        self._head: asyncio.Future[None] = conn.loop.create_future()
+        self._head_bytes = 0
+        self._reason_parts: list[bytes] = []
+        self._name = b""
+        self._value = b""
+        self._head_only = head_only
+        #: the body's end is marked (Content-Length or chunked), not the connection's close
+        self._delimited = False
+        self._paused = False
+        #: the server allows another request on this connection (read at the head: llhttp
+        #: resets the flag once the message is complete)
+        self.keep_alive = False
+
+    def header(self, name: str, default: str = "") -> str:
+        lname = name.lower()
+        for k, v in self.headers:
+            if k.lower() == lname:
+                return v
+        return default
+
+    def header_values(self, name: str) -> list[str]:
+        lname = name.lower()
+        return [v for k, v in self.headers if k.lower() == lname]
+
+    async def read(self) -> bytes:
+        """The body bytes arrived since the last call, joined (waits for some); ``b""`` at its
+        end. Raises :class:`BrokeMidBody` if it broke."""
+        while not self._chunks:
+            if self._exc is not None:
+                raise self._exc
+            if self.complete:
+                return b""
+            self._waiter = self._conn.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            self._conn.resume()
+        return data
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        while True:
+            data = await self.read()
+            if not data:
+                return
+            yield data
+
+    # -- from the protocol --------------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._exc is None and not self.complete:
+            self._exc = exc
+        if not self._head.done():
+            self._head.set_exception(exc)
+            self._head.exception()  # retrieved here: a caller that left must not log it
+        self._wake()
+
+    # httptools callbacks (called by _Conn.data_received through the parser)
+    def on_message_begin(self) -> None:
+        self.headers.clear()
+        self._reason_parts.clear()
+
+    def on_status(self, part: bytes) -> None:
+        self._reason_parts.append(part)
+        self._count(len(part))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            raise _TooLarge(f"more than {MAX_HEADERS} header lines")
+        self._count(len(name) + len(value) + 4)
+        self.headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+
+    def _count(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise _TooLarge(f"response head over {MAX_HEAD_BYTES} bytes")
+
+    def on_headers_complete(self) -> None:
+        parser = self._conn.parser
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer (103 Early Hints): the final one follows
+            self._head_bytes = 0
+            return
+        self.status = status
+        self.reason = b"".join(self._reason_parts).decode("latin-1")
+        lengths = [v for k, v in self.headers if k.lower() in ("content-length", "transfer-encoding")]
+        self._delimited = bool(lengths) or status in (204, 304)
+        self.keep_alive = parser.should_keep_alive()
+        if not self._head.done():
+            self._head.set_result(None)
+        if self._head_only:  # HEAD: no body follows whatever the headers say
+            self.complete = True
+            self._conn.reusable = False
+            self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self._head_only:
+            return
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER_BYTES and not self._paused:
+            self._paused = True
+            self._conn.pause()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if 100 <= self.status < 200 or not self._head.done():
+            return  # the end of an interim response
+        self.complete = True
+        self._wake()
+
+
+class _Conn(asyncio.Protocol):
+    __slots__ = ("loop", "transport", "parser", "response", "lost", "reusable", "used", "idle_since",
+                 "_drain", "_write_paused")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser: Any = None
+        self.response: Response | None = None
+        self.lost = False
+        self.reusable = True
+        #: it carried an exchange before (a pooled one the server may have closed meanwhile)
+        self.used = False
+        self.idle_since = 0.0
+        self._drain: asyncio.Future[None] | None = None
+        self._write_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        r = self.response
+        if r is None or r.complete:  # bytes nobody asked for: the connection is not in a known state
+            self.reusable = False
+            if self.transport is not None:
+                self.transport.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, _TooLarge) as e:
+            self._broken(e)
+        except httptools.HttpParserUpgrade as e:  # 101 Switching Protocols: not relayed
+            self._broken(e)
+
+    def _broken(self, e: BaseException) -> None:
+        self.reusable = False
+        r = self.response
+        if r is not None:
+            text = " ".join(str(e).split())[:160] or type(e).__name__
+            if r._head.done():
+                r._fail(BrokeMidBody(f"{type(e).__name__}: {text}"))
+            else:
+                r._fail(Malformed(f"{type(e).__name__}: {text}"))
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = True
+        self.reusable = False
+        self._wake_writer(exc or ConnectionResetError("upstream closed the connection"))
+        r = self.response
+        if r is None or r.complete:
+            return
+        if not r._head.done():
+            r._fail(ClosedEarly(f"connection closed before a response ({type(exc).__name__ if exc else 'EOF'})"))
+        elif not r._delimited and exc is None:  # a body that ends where the connection does
+            r.complete = True
+            r._wake()
+        else:
+            r._fail(BrokeMidBody(f"connection closed mid-body ({type(exc).__name__ if exc else 'EOF'})"))
+
+    # write flow control (a streamed request body)
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_writer(None)
+
+    def _wake_writer(self, exc: BaseException | None) -> None:
+        d, self._drain = self._drain, None
+        if d is not None and not d.done():
+            if exc is None:
+                d.set_result(None)
+            else:
+                d.set_exception(exc)
+
+    async def drain(self) -> None:
+        if self.lost:
+            raise ConnectionResetError("upstream closed the connection")
+        if self._write_paused:
+            self._drain = self.loop.create_future()
+            await self._drain
+
+    def pause(self) -> None:
+        if self.transport is not None and not self.lost:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.lost:
+            self.transport.resume_reading()
+
+
+class UpstreamClient:
+    """Connections to one upstream (``http(s)://host[:port]``), pooled while idle < KEEPALIVE_S."""
+
+    def __init__(self, base_url: str) -> None:
+        u = URL(base_url)
+        if u.scheme not in ("http", "https") or not u.host:
+            raise ValueError(f"upstream must be an http(s) URL, got {base_url!r}")
+        self.host: str = u.host
+        self.port: int = u.port or (443 if u.scheme == "https" else 80)
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if u.scheme == "https" else None
+        default = self.port == (443 if u.scheme == "https" else 80)
+        host = f"[{u.host}]" if ":" in u.host else u.host
+        self.host_header = (host if default else f"{host}:{self.port}").encode("idna")
+        try:
+            ipaddress.ip_address(u.host)
+            self._literal = True
+        except ValueError:
+            self._literal = False
+        self._addrs: list[tuple[Any, ...]] = []
+        self._addrs_at = 0.0
+        self._idle: list[_Conn] = []
+        self._closed = False
+
+    async def _resolve(self, loop: asyncio.AbstractEventLoop) -> list[tuple[Any, ...]]:
+        now = time.monotonic()
+        if not self._addrs or now - self._addrs_at > DNS_TTL_S:
+            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            self._addrs = [(fam, addr) for fam, _, _, _, addr in infos]
+            self._addrs_at = now
+        return self._addrs
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(self._open(loop), CONNECT_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
+            raise Unreachable(f"cannot connect to {self.host}:{self.port}: {type(e).__name__}: {e}") from None
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Conn:
+        if self._literal:
+            _, conn = await loop.create_connection(lambda: _Conn(loop), self.host, self.port, ssl=self.ssl)
+            return conn  # type: ignore[return-value]
+        last: BaseException | None = None
+        for _fam, addr in await self._resolve(loop):
+            try:
+                _, conn = await loop.create_connection(lambda: _Conn(loop), addr[0], addr[1], ssl=self.ssl,
+                                                       server_hostname=self.host if self.ssl else None)
+                return conn  # type: ignore[return-value]
+            except OSError as e:
+                last = e
+        raise last or OSError(f"no address for {self.host}")
+
+    def _pooled(self) -> _Conn | None:
+        now = time.monotonic()
+        while self._idle:
+            c = self._idle.pop()
+            if not c.lost and now - c.idle_since < KEEPALIVE_S and c.transport is not None \
+                    and not c.transport.is_closing():
+                return c
+            if c.transport is not None:
+                c.transport.close()
+        return None
+
+    async def send(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+                   body: bytes | None = None, stream: Any = None, stream_length: int | None = None,
+                   fresh: bool = False) -> Response:
+        """Send one request; return once its response head is parsed. ``body``: the whole body;
+        ``stream``: an aiohttp ``StreamReader`` to forward as it arrives (``stream_length`` its
+        declared length, else chunked). ``fresh``: never a pooled connection. Raises
+        :class:`UpstreamError` subclasses."""
+        conn = None if fresh else self._pooled()
+        if conn is None:
+            conn = await self._connect()
+        r = Response(conn, head_only=method == b"HEAD")
+        conn.parser = httptools.HttpResponseParser(r)
+        conn.response = r
+        was_used, conn.used = conn.used, True
+        head = [method, b" ", target, b" HTTP/1.1\r\nHost: ", self.host_header, b"\r\n"]
+        for k, v in headers:
+            head += (k, b": ", v, b"\r\n")
+        if stream is not None:
+            head.append(b"Content-Length: %d\r\n\r\n" % stream_length if stream_length is not None
+                        else b"Transfer-Encoding: chunked\r\n\r\n")
+        elif body or method in (b"POST", b"PUT", b"PATCH"):
+            head.append(b"Content-Length: %d\r\n\r\n" % len(body or b""))
+        else:
+            head.append(b"\r\n")
+        assert conn.transport is not None
+        try:
+            if body:
+                conn.transport.writelines((b"".join(head), body))
+            else:
+                conn.transport.write(b"".join(head))
+            if stream is not None:
+                await self._send_stream(conn, stream, stream_length is None)
+            await r._head
+        except ClosedEarly as e:
+            conn.transport.close()
+            raise ClosedEarly(str(e) + (" (a pooled connection)" if was_used else "")) from None
+        except UpstreamError:
+            conn.transport.close()
+            raise
+        except (ConnectionError, OSError) as e:
+            conn.transport.close()
+            raise ClosedEarly(f"connection lost while sending: {type(e).__name__}") from None
+        except BaseException:
+            conn.transport.close()
+            raise
+        return r
+
+    async def _send_stream(self, conn: _Conn, stream: Any, chunked: bool) -> None:
+        assert conn.transport is not None
+        async for chunk in stream.iter_any():
+            if conn.lost:
+                break
+            conn.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+            await conn.drain()
+        if chunked and not conn.lost:
+            conn.transport.write(b"0\r\n\r\n")
+
+    def finish(self, r: Response, reuse: bool) -> None:
+        """Done with ``r``: its connection goes back to the pool when ``reuse``, the body was read
+        to its end and the server allows keep-alive; else it is closed (the server sees the
+        client go away)."""
+        conn = r._conn
+        conn.response = None
+        keep = (reuse and r.complete and conn.reusable and not conn.lost and not self._closed
+                and r.keep_alive)
+        conn.parser = None
+        if keep:
+            conn.idle_since = time.monotonic()
+            self._idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+
+    def close(self) -> None:
+        self._closed = True
+        for c in self._idle:
+            if c.transport is not None:
+                c.transport.close()
+        self._idle.clear()
