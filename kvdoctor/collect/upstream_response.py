@@ -1,0 +1,178 @@
+"""One upstream response as :class:`~kvdoctor.collect.upstream.UpstreamClient` parses it: the
+httptools parser's callbacks fill it (status, headers within bounds, body chunks), the relay
+takes the body with :meth:`Response.read`; and the errors an exchange can end in."""
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import TYPE_CHECKING, AsyncIterator
+
+if TYPE_CHECKING:
+    from kvdoctor.collect.upstream import _Conn
+
+#: bytes of status line and headers one response may have (aiohttp's client allowed ~8 KiB a line)
+MAX_HEAD_BYTES = 64 * 1024
+#: header lines one response may have
+MAX_HEADERS = 256
+#: body bytes buffered for a relay that has not taken them yet before the upstream is paused
+HIGH_WATER_BYTES = 1 << 20
+class UpstreamError(Exception):
+    """The upstream exchange failed; subclasses say how."""
+
+
+class Unreachable(UpstreamError):
+    """No connection could be made (refused, unresolvable, timed out)."""
+
+
+class ClosedEarly(UpstreamError):
+    """The connection closed before a whole response head arrived."""
+
+
+class Malformed(UpstreamError):
+    """What came back is not an HTTP/1.x response within the bounds above."""
+
+
+class BrokeMidBody(UpstreamError):
+    """The response head arrived, then the body broke (closed early, bad chunking)."""
+
+
+class HeadTooLarge(Exception):
+    """The response head went past MAX_HEAD_BYTES or MAX_HEADERS (raised inside the parser;
+    the exchange then ends as :class:`Malformed`)."""
+
+
+class Response:
+    """One response: ``status``, ``reason``, ``headers`` (``(name, value)`` str pairs in the
+    order received) once :meth:`UpstreamClient.send` returned; the body through :meth:`read`."""
+
+    __slots__ = ("status", "reason", "headers", "complete", "_chunks", "_buffered", "_exc", "_waiter",
+                 "_conn", "_head", "_head_bytes", "_reason_parts", "_name", "_value", "_head_only",
+                 "_delimited", "_paused", "keep_alive")
+
+    def __init__(self, conn: "_Conn", head_only: bool) -> None:
+        self.status = 0
+        self.reason = ""
+        self.headers: list[tuple[str, str]] = []
+        #: the whole body arrived (a connection may then be reused)
+        self.complete = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._conn = conn
+        #: resolved once the head is parsed (or the exchange failed before)
+        self._head: asyncio.Future[None] = conn.loop.create_future()
+        self._head_bytes = 0
+        self._reason_parts: list[bytes] = []
+        self._name = b""
+        self._value = b""
+        self._head_only = head_only
+        #: the body's end is marked (Content-Length or chunked), not the connection's close
+        self._delimited = False
+        self._paused = False
+        #: the server allows another request on this connection (read at the head: llhttp
+        #: resets the flag once the message is complete)
+        self.keep_alive = False
+
+    def header(self, name: str, default: str = "") -> str:
+        lname = name.lower()
+        for k, v in self.headers:
+            if k.lower() == lname:
+                return v
+        return default
+
+    async def read(self) -> bytes:
+        """The body bytes arrived since the last call, joined (waits for some); ``b""`` at its
+        end. Raises :class:`BrokeMidBody` if it broke."""
+        while not self._chunks:
+            if self._exc is not None:
+                raise self._exc
+            if self.complete:
+                return b""
+            self._waiter = self._conn.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            self._conn.resume()
+        return data
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        while True:
+            data = await self.read()
+            if not data:
+                return
+            yield data
+
+    # -- from the protocol --------------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._exc is None and not self.complete:
+            self._exc = exc
+        if not self._head.done():
+            self._head.set_exception(exc)
+            self._head.exception()  # retrieved here: a caller that left must not log it
+        self._wake()
+
+    # httptools callbacks (called by _Conn.data_received through the parser)
+    def on_message_begin(self) -> None:
+        self.headers.clear()
+        self._reason_parts.clear()
+
+    def on_status(self, part: bytes) -> None:
+        self._reason_parts.append(part)
+        self._count(len(part))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            raise HeadTooLarge(f"more than {MAX_HEADERS} header lines")
+        self._count(len(name) + len(value) + 4)
+        self.headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+
+    def _count(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise HeadTooLarge(f"response head over {MAX_HEAD_BYTES} bytes")
+
+    def on_headers_complete(self) -> None:
+        parser = self._conn.parser
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer (103 Early Hints): the final one follows
+            self._head_bytes = 0
+            return
+        self.status = status
+        self.reason = b"".join(self._reason_parts).decode("latin-1")
+        lengths = [v for k, v in self.headers if k.lower() in ("content-length", "transfer-encoding")]
+        self._delimited = bool(lengths) or status in (204, 304)
+        self.keep_alive = parser.should_keep_alive()
+        if not self._head.done():
+            self._head.set_result(None)
+        if self._head_only:  # HEAD: no body follows whatever the headers say
+            self.complete = True
+            self._conn.reusable = False
+            self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self._head_only:
+            return
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER_BYTES and not self._paused:
+            self._paused = True
+            self._conn.pause()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if 100 <= self.status < 200 or not self._head.done():
+            return  # the end of an interim response
+        self.complete = True
+        self._wake()
