@@ -144,12 +144,12 @@ class UpstreamClient:
         u = URL(base_url)
         if u.scheme not in ("http", "https") or not u.host:
             raise ValueError(f"upstream must be an http(s) URL, got {base_url!r}")
-        self.host: str = u.host
+        self.host: str = u.raw_host or u.host  # IDNA-encoded: what DNS and TLS want
         self.port: int = u.port or (443 if u.scheme == "https" else 80)
         self.ssl: ssl.SSLContext | None = ssl.create_default_context() if u.scheme == "https" else None
         default = self.port == (443 if u.scheme == "https" else 80)
-        host = f"[{u.host}]" if ":" in u.host else u.host
-        self.host_header = (host if default else f"{host}:{self.port}").encode("idna")
+        host = f"[{u.raw_host}]" if ":" in (u.raw_host or "") else u.raw_host  # raw: IDNA-encoded, ASCII
+        self.host_header = (host if default else f"{host}:{self.port}").encode("ascii")
         try:
             ipaddress.ip_address(u.host)
             self._literal = True

@@ -46,7 +46,7 @@ class Response:
     order received) once :meth:`UpstreamClient.send` returned; the body through :meth:`read`."""
 
     __slots__ = ("status", "reason", "headers", "complete", "_chunks", "_buffered", "_exc", "_waiter",
-                 "_conn", "_head", "_head_bytes", "_reason_parts", "_name", "_value", "_head_only",
+                 "_conn", "_head", "_head_bytes", "_reason_parts", "_head_only",
                  "_delimited", "_paused", "keep_alive")
 
     def __init__(self, conn: "_Conn", head_only: bool) -> None:
@@ -64,8 +64,6 @@ class Response:
         self._head: asyncio.Future[None] = conn.loop.create_future()
         self._head_bytes = 0
         self._reason_parts: list[bytes] = []
-        self._name = b""
-        self._value = b""
         self._head_only = head_only
         #: the body's end is marked (Content-Length or chunked), not the connection's close
         self._delimited = False
