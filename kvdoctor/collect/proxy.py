@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 from aiohttp import web
@@ -66,13 +66,12 @@ PROXY_KEY: "web.AppKey[Any]" = web.AppKey("kvdoctor_proxy", object)
 ANALYSED_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
 _HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "transfer-encoding", "te", "trailer", "trailers", "upgrade",
-    "proxy-connection", "proxy-authenticate", "proxy-authorization",
+    b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"trailers", b"upgrade",
+    b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
 })
-_HOP_BY_HOP_B = frozenset(h.encode() for h in _HOP_BY_HOP)
 #: request headers not forwarded besides hop-by-hop ones: the upstream client writes Host and
 #: the body's framing itself; the body was already read (no 100-continue)
-_REQ_DROP_B = frozenset({b"host", b"content-length", b"expect"})
+_REQ_DROP = frozenset({b"host", b"content-length", b"expect"})
 
 #: resend a request once on a new connection if a pooled one failed within this many seconds
 RETRY_WITHIN_S = 1.0
@@ -80,20 +79,14 @@ RETRY_WITHIN_S = 1.0
 REUSE_WITHIN_S = 4.0
 
 
-def _request_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
-    """The client's end-to-end headers as received (bytes): hop-by-hop ones (the fixed set,
-    Proxy-*, those named in Connection) and Host, Content-Length, Expect dropped."""
+def _end_to_end(raw: Sequence[tuple[bytes, bytes]], drop: frozenset[bytes] = frozenset()
+                ) -> list[tuple[bytes, bytes]]:
+    """Headers as received (bytes) less the hop-by-hop ones (the fixed set, Proxy-*, those named
+    in Connection) and ``drop``."""
     extra = {n.strip().lower() for k, v in raw if k.lower() == b"connection" for n in v.split(b",")}
     return [(k, v) for k, v in raw
-            if (lk := k.lower()) not in _HOP_BY_HOP_B and lk not in _REQ_DROP_B and lk not in extra
+            if (lk := k.lower()) not in _HOP_BY_HOP and lk not in drop and lk not in extra
             and not lk.startswith(b"proxy-")]
-
-
-def _response_headers(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The upstream's end-to-end response headers (hop-by-hop ones dropped, as above)."""
-    extra = {n.strip().lower() for k, v in pairs if k.lower() == "connection" for n in v.split(",")}
-    return [(k, v) for k, v in pairs
-            if (lk := k.lower()) not in _HOP_BY_HOP and lk not in extra and not lk.startswith("proxy-")]
 
 
 def _log_once(seen: set[str], kind: str, exc: BaseException) -> None:
@@ -116,10 +109,8 @@ class _Proxy:
         if block_chars <= 0:
             raise ValueError("block_chars must be positive")
         self.base = upstream_url.rstrip("/")
+        self.client = UpstreamClient(self.base)  # raises ValueError unless an http(s) URL
         u = URL(self.base)
-        if u.scheme not in ("http", "https") or not u.host:
-            raise ValueError(f"upstream must be an http(s) URL, got {upstream_url!r}")
-        self.client = UpstreamClient(self.base)
         #: a path the upstream URL carries goes before every request's
         self.prefix = u.raw_path.rstrip("/").encode()
         self.sink = sink
@@ -215,7 +206,7 @@ class _Proxy:
                       stream: Any = None) -> web.StreamResponse:
         method = request.method.encode()
         target = self.prefix + request.raw_path.encode("utf-8", "surrogateescape")
-        headers = _request_headers(request.raw_headers)
+        headers = _end_to_end(request.raw_headers, _REQ_DROP)
         length = request.content_length if stream is not None else None  # the client's framing, else chunked
         try:
             t_send = time.monotonic()
@@ -263,16 +254,17 @@ class _Proxy:
             # (cpp-httplib closes a keep-alive connection used longer than 5 s)
             self.client.finish(up, done and time.monotonic() - t_send < REUSE_WITHIN_S
                                and not (self.close_after_stream
-                                        and up.header("Content-Type").startswith("text/event-stream")))
+                                        and up.content_type.startswith("text/event-stream")))
 
     async def _relay(self, request: web.Request, up: Response,
                      an: StreamAnnotator | None, body: bytes) -> tuple[web.StreamResponse, bool]:
         """Stream the upstream response to the client; returns (response, body fully relayed)."""
         resp = web.StreamResponse(status=up.status, reason=up.reason)
-        resp.headers.extend(_response_headers(up.headers))
+        resp.headers.extend((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                            for k, v in _end_to_end(up.headers))
         if an is not None:
             try:
-                an.start(up.status, up.header("Content-Type"))
+                an.start(up.status, up.content_type)
             except Exception as e:  # noqa: BLE001
                 self._fail(an, "start", e)
                 an = None

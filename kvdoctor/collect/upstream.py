@@ -73,10 +73,8 @@ class _Conn(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-        except (httptools.HttpParserError, HeadTooLarge) as e:
-            self._broken(e)
-        except httptools.HttpParserUpgrade as e:  # 101 Switching Protocols: not relayed
-            self._broken(e)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, HeadTooLarge) as e:
+            self._broken(e)  # HttpParserUpgrade: 101 Switching Protocols, not relayed
 
     def _broken(self, e: BaseException) -> None:
         self.reusable = False

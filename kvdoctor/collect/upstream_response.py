@@ -16,6 +16,8 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 256
 #: body bytes buffered for a relay that has not taken them yet before the upstream is paused
 HIGH_WATER_BYTES = 1 << 20
+
+
 class UpstreamError(Exception):
     """The upstream exchange failed; subclasses say how."""
 
@@ -42,17 +44,19 @@ class HeadTooLarge(Exception):
 
 
 class Response:
-    """One response: ``status``, ``reason``, ``headers`` (``(name, value)`` str pairs in the
-    order received) once :meth:`UpstreamClient.send` returned; the body through :meth:`read`."""
+    """One response: ``status``, ``reason``, ``headers`` (``(name, value)`` bytes pairs as
+    received), ``content_type`` once :meth:`UpstreamClient.send` returned; the body through
+    :meth:`read`."""
 
     __slots__ = ("status", "reason", "headers", "complete", "_chunks", "_buffered", "_exc", "_waiter",
                  "_conn", "_head", "_head_bytes", "_reason_parts", "_head_only",
-                 "_delimited", "_paused", "keep_alive")
+                 "_delimited", "_paused", "keep_alive", "content_type")
 
     def __init__(self, conn: "_Conn", head_only: bool) -> None:
         self.status = 0
         self.reason = ""
-        self.headers: list[tuple[str, str]] = []
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_type = ""
         #: the whole body arrived (a connection may then be reused)
         self.complete = False
         self._chunks: collections.deque[bytes] = collections.deque()
@@ -71,13 +75,6 @@ class Response:
         #: the server allows another request on this connection (read at the head: llhttp
         #: resets the flag once the message is complete)
         self.keep_alive = False
-
-    def header(self, name: str, default: str = "") -> str:
-        lname = name.lower()
-        for k, v in self.headers:
-            if k.lower() == lname:
-                return v
-        return default
 
     async def read(self) -> bytes:
         """The body bytes arrived since the last call, joined (waits for some); ``b""`` at its
@@ -134,7 +131,7 @@ class Response:
         if len(self.headers) >= MAX_HEADERS:
             raise HeadTooLarge(f"more than {MAX_HEADERS} header lines")
         self._count(len(name) + len(value) + 4)
-        self.headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+        self.headers.append((name, value))
 
     def _count(self, n: int) -> None:
         self._head_bytes += n
@@ -149,8 +146,13 @@ class Response:
             return
         self.status = status
         self.reason = b"".join(self._reason_parts).decode("latin-1")
-        lengths = [v for k, v in self.headers if k.lower() in ("content-length", "transfer-encoding")]
-        self._delimited = bool(lengths) or status in (204, 304)
+        self._delimited = status in (204, 304)
+        for k, v in self.headers:
+            lk = k.lower()
+            if lk in (b"content-length", b"transfer-encoding"):
+                self._delimited = True
+            elif lk == b"content-type":
+                self.content_type = v.decode("latin-1")
         self.keep_alive = parser.should_keep_alive()
         if not self._head.done():
             self._head.set_result(None)
