@@ -99,13 +99,13 @@ async def _proxy_child(upstream: str, port: int) -> None:
     from kvdoctor.collect.proxy import start_proxy
 
     sink = _CountingSink()
-    runner = await start_proxy(upstream, sink, port=port, store_text=sink.keep is not None)
+    server = await start_proxy(upstream, sink, port=port, store_text=sink.keep is not None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     await asyncio.wait_for(stop.wait(), 3600)
-    await runner.cleanup()
+    await server.close()
     if sink.keep is not None:
         from kvdoctor.model import to_dict
 

@@ -13,7 +13,7 @@ from test_proxy import CHAT_BODY, RawUpstream, Started, _chat_events, _chunked, 
 
 from kvdoctor.collect import proxy as proxymod
 from kvdoctor.collect.base import ListSink
-from kvdoctor.collect.proxy import MAX_SSE_EVENT_BYTES, make_proxy_app
+from kvdoctor.collect.proxy import MAX_SSE_EVENT_BYTES, make_proxy
 
 MALFORMED = {
     "bad-status-line": b"HTTP/1.1 abc Nope\r\nContent-Length: 0\r\n\r\n",
@@ -29,7 +29,7 @@ def test_a_malformed_upstream_answer_is_a_502_json_error_and_a_record(name, capl
     async def main():
         sink = ListSink()
         async with RawUpstream(MALFORMED[name], [], pause_s=0.01) as up:
-            async with Started(make_proxy_app(up, sink)) as px:
+            async with Started(make_proxy(up, sink)) as px:
                 async with aiohttp.ClientSession() as s:
                     async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
                         return sink, r.status, r.headers.get("Content-Type"), await r.read()
@@ -74,7 +74,7 @@ def test_an_endless_sse_event_is_given_up_but_every_byte_is_relayed(caplog):
     async def main():
         sink = ListSink()
         async with RawUpstream(head, _chunked(pieces), pause_s=0.001) as up:
-            async with Started(make_proxy_app(up, sink)) as px:
+            async with Started(make_proxy(up, sink)) as px:
                 async with aiohttp.ClientSession() as s:
                     async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
                         assert r.status == 200 and await r.read() == payload
@@ -148,7 +148,7 @@ def test_a_huge_request_body_is_streamed_upstream_not_held(tmp_path):
         sink = ListSink()
         app = web.Application(client_max_size=size * 2)
         app.router.add_post("/v1/chat/completions", upstream)
-        async with Started(app) as up, Started(make_proxy_app(up, sink)) as px:
+        async with Started(app) as up, Started(make_proxy(up, sink)) as px:
             tracemalloc.start()
             async with aiohttp.ClientSession() as s:
                 async with s.post(px + "/v1/chat/completions", data=body(),

@@ -20,7 +20,7 @@ from yarl import URL
 
 from kvdoctor.collect import proxy as proxymod
 from kvdoctor.collect.base import ListSink
-from kvdoctor.collect.proxy import make_proxy_app, proxy_port, start_proxy
+from kvdoctor.collect.proxy import ProxyServer, make_proxy, start_proxy
 
 
 def _free_port() -> int:
@@ -34,13 +34,16 @@ def run(coro, timeout=60):
 
 
 class Started:
-    """Start an aiohttp app on a loopback port; ``async with`` gives its base URL."""
+    """Start an aiohttp app or a proxy server on a loopback port; ``async with`` gives its base URL."""
 
-    def __init__(self, app: web.Application, port: int | None = None):
+    def __init__(self, app: "web.Application | ProxyServer", port: int | None = None):
         self.app, self.port = app, port
         self.runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> str:
+        if isinstance(self.app, ProxyServer):
+            self.port = await self.app.start("127.0.0.1", self.port or 0)
+            return f"http://127.0.0.1:{self.port}"
         self.runner = web.AppRunner(self.app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", self.port or 0)
@@ -49,7 +52,10 @@ class Started:
         return f"http://127.0.0.1:{self.port}"
 
     async def __aexit__(self, *exc) -> None:
-        await self.runner.cleanup()
+        if isinstance(self.app, ProxyServer):
+            await self.app.close()
+        else:
+            await self.runner.cleanup()
 
 
 class RawUpstream:
@@ -159,7 +165,7 @@ def test_sse_split_at_awkward_boundaries_is_byte_exact_and_analysed(crlf):
     async def main():
         sink = ListSink()
         async with RawUpstream(SSE_HEAD, _chunked(pieces), pause_s=0.002) as up:
-            async with Started(make_proxy_app(up, sink, block_chars=64)) as px:
+            async with Started(make_proxy(up, sink, block_chars=64)) as px:
                 async with aiohttp.ClientSession(auto_decompress=False) as s:
                     async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
                         got = await r.read()
@@ -191,7 +197,7 @@ def test_sse_without_usage_counts_chunks_and_store_text():
     async def main():
         sink = ListSink()
         async with RawUpstream(SSE_HEAD, _chunked([payload]), pause_s=0.001) as up:
-            async with Started(make_proxy_app(up, sink, store_text=True)) as px:
+            async with Started(make_proxy(up, sink, store_text=True)) as px:
                 async with aiohttp.ClientSession() as s:
                     async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
                         assert await r.read() == payload
@@ -230,7 +236,7 @@ def test_completions_stream_and_non_streaming_json_with_timings():
         sink = ListSink()
         app = web.Application()
         app.router.add_route("*", "/{t:.*}", upstream_handler)
-        async with Started(app) as up, Started(make_proxy_app(up, sink, server_label="lab")) as px:
+        async with Started(app) as up, Started(make_proxy(up, sink, server_label="lab")) as px:
             async with aiohttp.ClientSession() as s:
                 async with s.post(px + "/v1/completions", json={"prompt": "p" * 600, "stream": True}) as r:
                     assert await r.read() == comp_events
@@ -269,7 +275,7 @@ def test_passthrough_paths_methods_headers_and_gzip():
         sink = ListSink()
         app = web.Application()
         app.router.add_route("*", "/{t:.*}", upstream_handler)
-        async with Started(app) as up, Started(make_proxy_app(up, sink)) as px:
+        async with Started(app) as up, Started(make_proxy(up, sink)) as px:
             async with aiohttp.ClientSession(auto_decompress=False) as s:
                 async with s.get(px + "/health", headers={"Accept-Encoding": "gzip",
                                                           "Connection": "keep-alive, X-Hop",
@@ -309,7 +315,7 @@ def test_user_agent_and_encoding_not_invented():
     async def main():
         app = web.Application()
         app.router.add_route("*", "/{t:.*}", upstream_handler)
-        async with Started(app) as up, Started(make_proxy_app(up, ListSink())) as px:
+        async with Started(app) as up, Started(make_proxy(up, ListSink())) as px:
             reader, writer = await asyncio.open_connection("127.0.0.1", int(px.rsplit(":", 1)[1]))
             writer.write(b"GET /x HTTP/1.1\r\nHost: a\r\nX-Only: 1\r\nConnection: close\r\n\r\n")
             await writer.drain()
@@ -340,7 +346,7 @@ def test_error_statuses(status, err, expect):
         sink = ListSink()
         app = web.Application()
         app.router.add_route("*", "/{t:.*}", upstream_handler)
-        async with Started(app) as up, Started(make_proxy_app(up, sink)) as px:
+        async with Started(app) as up, Started(make_proxy(up, sink)) as px:
             async with aiohttp.ClientSession() as s:
                 async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
                     assert r.status == status and await r.read() == raw
@@ -358,7 +364,7 @@ def _relay_once(payload: bytes, body: bytes | None = None, headers: dict | None 
     async def main():
         sink = ListSink()
         async with RawUpstream(SSE_HEAD, _chunked([payload])) as up:
-            async with Started(make_proxy_app(up, sink)) as px:
+            async with Started(make_proxy(up, sink)) as px:
                 async with aiohttp.ClientSession() as s:
                     kw = {"data": body} if body is not None else {"json": CHAT_BODY}
                     async with s.post(px + "/v1/chat/completions", headers=headers, **kw) as r:
@@ -396,7 +402,7 @@ def test_fail_open_when_analysis_raises(monkeypatch, caplog):
     async def main():
         sink = ListSink()
         async with RawUpstream(SSE_HEAD, _chunked(_awkward_split(payload)), pause_s=0.001) as up:
-            async with Started(make_proxy_app(up, sink)) as px:
+            async with Started(make_proxy(up, sink)) as px:
                 async with aiohttp.ClientSession() as s:
                     for _ in range(3):
                         async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
@@ -440,7 +446,7 @@ def test_upstream_down_502_then_recovers():
         return web.Response(text="up")
 
     async def main(sink):
-        async with Started(make_proxy_app(f"http://127.0.0.1:{port}", sink)) as px:
+        async with Started(make_proxy(f"http://127.0.0.1:{port}", sink)) as px:
             async with aiohttp.ClientSession() as s:
                 for _ in range(2):
                     async with s.get(px + "/health") as r:
@@ -496,7 +502,7 @@ def test_stale_keepalive_connection_is_retried_on_a_new_one():
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         up = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         sink = ListSink()
-        app = make_proxy_app(up, sink)
+        app = make_proxy(up, sink)
         try:
             async with Started(app) as px:
                 async with aiohttp.ClientSession() as s:
@@ -506,7 +512,7 @@ def test_stale_keepalive_connection_is_retried_on_a_new_one():
         finally:
             server.close()
             await server.wait_closed()
-        return sink, app[proxymod.PROXY_KEY].stats
+        return sink, app.proxy.stats
 
     sink, stats = run(main())
     assert len(served) == 4 and stats["retries"] >= 1
@@ -521,7 +527,7 @@ def test_upstream_breaks_mid_stream_client_sees_broken_response():
     async def main():
         sink = ListSink()
         async with RawUpstream(SSE_HEAD, half) as up:
-            async with Started(make_proxy_app(up, sink)) as px:
+            async with Started(make_proxy(up, sink)) as px:
                 async with aiohttp.ClientSession() as s:
                     async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
                         with pytest.raises(aiohttp.ClientPayloadError):
@@ -552,7 +558,7 @@ def test_client_disconnect_cancels_upstream():
 
         app = web.Application(handler_args={"handler_cancellation": True})
         app.router.add_route("*", "/{t:.*}", upstream_handler)
-        async with Started(app) as up, Started(make_proxy_app(up, sink)) as px:
+        async with Started(app) as up, Started(make_proxy(up, sink)) as px:
             async with aiohttp.ClientSession() as s:
                 async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
                     await r.content.readany()
@@ -578,13 +584,13 @@ def test_start_proxy_helper():
         app = web.Application()
         app.router.add_route("*", "/{t:.*}", upstream_handler)
         async with Started(app) as up:
-            runner = await start_proxy(up, ListSink(), port=0)
+            server = await start_proxy(up, ListSink(), port=0)
             try:
                 async with aiohttp.ClientSession() as s:
-                    async with s.get(f"http://127.0.0.1:{proxy_port(runner)}/x") as r:
+                    async with s.get(f"http://127.0.0.1:{server.port}/x") as r:
                         return await r.text()
             finally:
-                await runner.cleanup()
+                await server.close()
 
     assert run(main()) == "ok"
 
@@ -604,9 +610,9 @@ def test_requests_waiting_upstream_are_reported_in_flight():
         app.router.add_route("POST", "/v1/chat/completions", slow)
         sink = ListSink()
         async with Started(app) as up:
-            proxy_app = make_proxy_app(up, sink)
+            proxy_app = make_proxy(up, sink)
             async with Started(proxy_app) as base:
-                px = proxy_app[proxymod.PROXY_KEY]
+                px = proxy_app.proxy
                 async with aiohttp.ClientSession() as s:
                     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
                     t0 = time.time()
@@ -643,7 +649,7 @@ def test_many_concurrent_streams_intact():
         sink = ListSink()
         app = web.Application()
         app.router.add_route("*", "/{t:.*}", upstream_handler)
-        async with Started(app) as up, Started(make_proxy_app(up, sink)) as px:
+        async with Started(app) as up, Started(make_proxy(up, sink)) as px:
             async with aiohttp.ClientSession() as s:
                 async def one():
                     async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
@@ -679,7 +685,7 @@ def test_real_non_streaming_identical_to_direct(llama):
 
     async def main():
         sink = ListSink()
-        async with Started(make_proxy_app(llama.url, sink)) as px:
+        async with Started(make_proxy(llama.url, sink)) as px:
             async with aiohttp.ClientSession() as s:
                 async with s.post(llama.url + "/v1/chat/completions", json=req) as r:
                     direct = await r.json()
@@ -715,7 +721,7 @@ def test_real_streaming_intact_and_timings_agree_with_client(llama):
 
     async def main():
         sink = ListSink()
-        async with Started(make_proxy_app(llama.url, sink, store_text=True)) as px:
+        async with Started(make_proxy(llama.url, sink, store_text=True)) as px:
             async with aiohttp.ClientSession() as s:
                 async with s.post(llama.url + "/v1/chat/completions", json=req) as r:
                     direct = await r.read()
@@ -786,7 +792,7 @@ def test_real_streaming_intact_and_timings_agree_with_client(llama):
 @pytest.mark.server
 def test_real_metrics_health_models_pass_through(llama):
     async def main():
-        async with Started(make_proxy_app(llama.url, ListSink())) as px:
+        async with Started(make_proxy(llama.url, ListSink())) as px:
             async with aiohttp.ClientSession() as s:
                 out = {}
                 for path in ("/health", "/metrics", "/v1/models"):
@@ -807,7 +813,7 @@ def test_real_context_overflow_rejected(llama):
 
     async def main():
         sink = ListSink()
-        async with Started(make_proxy_app(llama.url, sink)) as px:
+        async with Started(make_proxy(llama.url, sink)) as px:
             async with aiohttp.ClientSession() as s:
                 async with s.post(px + "/v1/chat/completions", json=req) as r:
                     status, text = r.status, await r.text()
@@ -829,7 +835,7 @@ def test_real_back_to_back_streams_no_spurious_502(llama):
     pooled connection before its FIN arrives gets no answer. Must never reach the client."""
     async def main():
         sink = ListSink()
-        app = make_proxy_app(llama.url, sink)
+        app = make_proxy(llama.url, sink)
         statuses = []
         async with Started(app) as px:
             async with aiohttp.ClientSession() as s:
@@ -839,7 +845,7 @@ def test_real_back_to_back_streams_no_spurious_502(llama):
                             "stream": i % 3 != 2}) as r:
                         statuses.append(r.status)
                         await r.read()
-        return statuses, sink, app[proxymod.PROXY_KEY].stats
+        return statuses, sink, app.proxy.stats
 
     statuses, sink, stats = run(main(), 180)
     assert statuses == [200] * 12, (statuses, stats)
@@ -853,7 +859,7 @@ def test_real_request_after_a_long_stream_is_not_lost(llama):
     request the proxy sends on it must be retried, not answered 502."""
     async def main():
         sink = ListSink()
-        app = make_proxy_app(llama.url, sink)
+        app = make_proxy(llama.url, sink)
         async with Started(app) as px:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
                 # how fast is the server now? then ask for ~7 s of tokens (bounded by the slot)

@@ -13,7 +13,7 @@ from test_proxy import CHAT_BODY, RawUpstream, Started, run
 
 from kvdoctor.collect import upstream as upstreammod
 from kvdoctor.collect.base import ListSink
-from kvdoctor.collect.proxy import make_proxy_app
+from kvdoctor.collect.proxy import make_proxy
 
 
 async def _through(head: bytes, pieces: list[bytes], method: str = "POST", path: str = "/v1/chat/completions",
@@ -21,7 +21,7 @@ async def _through(head: bytes, pieces: list[bytes], method: str = "POST", path:
     sink = ListSink()
     upstream = RawUpstream(head, pieces, pause_s=0.01)
     async with upstream as up:
-        async with Started(make_proxy_app(up + prefix, sink)) as px:
+        async with Started(make_proxy(up + prefix, sink)) as px:
             async with aiohttp.ClientSession(auto_decompress=False) as s:
                 kw = {"json": CHAT_BODY} if method == "POST" else {}
                 async with s.request(method, px + path, **kw) as r:
@@ -75,7 +75,7 @@ def test_a_slow_client_pauses_the_upstream_instead_of_filling_the_proxy():
     async def main() -> tuple[int, int]:
         app = web.Application()
         app.router.add_get("/big", big)
-        async with Started(app) as up, Started(make_proxy_app(up, ListSink())) as px:
+        async with Started(app) as up, Started(make_proxy(up, ListSink())) as px:
             tracemalloc.start()
             n = 0
             async with aiohttp.ClientSession() as s:

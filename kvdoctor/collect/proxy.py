@@ -1,9 +1,9 @@
 """A streaming reverse proxy in front of any OpenAI-compatible server, recording one
 :class:`~kvdoctor.model.RequestRecord` per completion request.
 
-    runner = await start_proxy("http://127.0.0.1:8080", sink, port=9000)
+    server = await start_proxy("http://127.0.0.1:8080", sink, port=9000)
     ...  # point clients at http://127.0.0.1:9000 instead of :8080
-    await runner.cleanup()
+    await server.close()
 
 What it does:
 
@@ -30,8 +30,8 @@ What it does:
 Overhead: on the critical path only a clock read and an incremental SSE split + one
 ``orjson.loads`` per event; the request body is parsed after the response is complete.
 
-This module is the relay (aiohttp handler, retries, fail-open); the upstream leg is
-:mod:`kvdoctor.collect.upstream`; the
+This module is the relay (the handler, retries, fail-open); the client side is
+:mod:`kvdoctor.collect.proxy_server`, the upstream leg :mod:`kvdoctor.collect.upstream`; the
 per-chunk annotation is :mod:`kvdoctor.collect.proxy_stream`, the record built from it
 :mod:`kvdoctor.collect.proxy_record`.
 """
@@ -42,25 +42,21 @@ import time
 from typing import Any, Sequence
 
 import orjson
-from aiohttp import web
 from yarl import URL
 
 from kvdoctor.collect.proxy_record import build_record, client_request_id, traceparent_trace_id
+from kvdoctor.collect.proxy_server import ProxyServer, Reply, Request
 from kvdoctor.collect.proxy_stream import MAX_ANALYSED_BODY, MAX_SSE_EVENT_BYTES, StreamAnnotator
 from kvdoctor.collect.upstream import ClosedEarly, Malformed, Response, UpstreamClient, UpstreamError
 from kvdoctor.model import RequestRecord
 
 #: importable from here as before the split (tests, the sidecar, benchmarks)
-__all__ = ["ANALYSED_PATHS", "MAX_ANALYSED_BODY", "MAX_SSE_EVENT_BYTES", "PROXY_KEY", "SOURCE_NAME",
-           "StreamAnnotator", "client_request_id", "make_proxy_app", "proxy_port", "start_proxy",
-           "traceparent_trace_id"]
+__all__ = ["ANALYSED_PATHS", "MAX_ANALYSED_BODY", "MAX_SSE_EVENT_BYTES", "SOURCE_NAME", "ProxyServer",
+           "StreamAnnotator", "client_request_id", "make_proxy", "start_proxy", "traceparent_trace_id"]
 
 log = logging.getLogger("kvdoctor.proxy")
 
 SOURCE_NAME = "proxy"
-
-#: ``app[PROXY_KEY]`` is the proxy object (its ``stats`` dict counts requests, records, errors)
-PROXY_KEY: "web.AppKey[Any]" = web.AppKey("kvdoctor_proxy", object)
 
 #: request paths whose POSTs are analysed, and their kind
 ANALYSED_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
@@ -96,6 +92,10 @@ def _log_once(seen: set[str], kind: str, exc: BaseException) -> None:
     seen.add(key)
     log.warning("proxy analysis failed (%s), records for such requests are dropped; "
                 "traffic is unaffected: %s: %s", kind, type(exc).__name__, exc, exc_info=exc)
+
+
+def _text(v: bytes | None) -> str | None:
+    return None if v is None else v.decode("latin-1")
 
 
 def _one_line(e: BaseException) -> str:
@@ -135,9 +135,6 @@ class _Proxy:
                               status="in-flight", server=self.server_label)
                 for k, an in list(self.in_flight.items())]
 
-    async def on_cleanup(self, app: web.Application) -> None:
-        self.client.close()
-
     def _status(self, ok: bool, detail: str) -> None:
         if self.upstream_ok is ok:
             return
@@ -173,14 +170,14 @@ class _Proxy:
             return
         self._emit(an, body)
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: Request, reply: Reply) -> None:
         arrival = time.time()
         self.stats["requests"] += 1
         declared = request.content_length
-        if (declared is not None and declared > MAX_ANALYSED_BODY) or (declared is None and request.body_exists):
+        if (declared is not None and declared > MAX_ANALYSED_BODY) or (declared is None and request.chunked):
             # a body too large to analyse (or of unknown length) is streamed upstream as it
             # arrives, never held whole: the record keeps its timings, not its prompt stats
-            body, stream = b"", request.content
+            body, stream = b"", request
         else:
             body, stream = await request.read(), None
         kind = ANALYSED_PATHS.get(request.path) if request.method == "POST" else None
@@ -188,8 +185,8 @@ class _Proxy:
         if kind is not None:
             try:
                 an = StreamAnnotator(kind, arrival, self.store_text)
-                an.client_id = client_request_id(request.headers.get("X-Request-Id"))
-                an.trace_id = traceparent_trace_id(request.headers.get("traceparent"))
+                an.client_id = client_request_id(_text(request.header(b"x-request-id")))
+                an.trace_id = traceparent_trace_id(_text(request.header(b"traceparent")))
                 self.stats["analysed"] += 1
             except Exception as e:  # noqa: BLE001
                 self._fail(None, "init", e)
@@ -197,21 +194,25 @@ class _Proxy:
         if an is not None:
             self.in_flight[id(an)] = an
         try:
-            return await self._handle(request, body, an, stream)
+            await self._handle(request, reply, body, an, stream)
         finally:
             if an is not None:
                 self.in_flight.pop(id(an), None)
 
-    async def _handle(self, request: web.Request, body: bytes, an: StreamAnnotator | None,
-                      stream: Any = None) -> web.StreamResponse:
+    async def _handle(self, request: Request, reply: Reply, body: bytes, an: StreamAnnotator | None,
+                      stream: Request | None = None) -> None:
         method = request.method.encode()
-        target = self.prefix + request.raw_path.encode("utf-8", "surrogateescape")
-        headers = _end_to_end(request.raw_headers, _REQ_DROP)
+        target = self.prefix + request.target
+        headers = _end_to_end(request.headers, _REQ_DROP)
         length = request.content_length if stream is not None else None  # the client's framing, else chunked
         try:
             t_send = time.monotonic()
             try:
                 up = await self.client.send(method, target, headers, body, stream, length)
+            except ConnectionError:  # only from a streamed body: the client left while sending it
+                if an is not None:
+                    self._abort(an, body, "cancelled", "client disconnected during the request body")
+                raise
             except ClosedEarly:
                 # A pooled keep-alive connection the server had already closed (llama.cpp
                 # closes it after a response that outlived its 5 s keep-alive timer): the
@@ -242,13 +243,12 @@ class _Proxy:
                 except Exception as e2:  # noqa: BLE001
                     self._fail(an, "record", e2)
             payload = {"error": {"message": detail, "type": "bad_gateway", "code": 502}}
-            return web.Response(status=502, body=orjson.dumps(payload),
-                                content_type="application/json")
+            reply.respond(502, "", [(b"Content-Type", b"application/json")], orjson.dumps(payload))
+            return
         self._status(True, "upstream reachable")
         done = False
         try:
-            resp, done = await self._relay(request, up, an, body)
-            return resp
+            done = await self._relay(request, reply, up, an, body)
         finally:
             # keep the connection unless it is broken or the server is about to drop it
             # (cpp-httplib closes a keep-alive connection used longer than 5 s)
@@ -256,36 +256,32 @@ class _Proxy:
                                and not (self.close_after_stream
                                         and up.content_type.startswith("text/event-stream")))
 
-    async def _relay(self, request: web.Request, up: Response,
-                     an: StreamAnnotator | None, body: bytes) -> tuple[web.StreamResponse, bool]:
-        """Stream the upstream response to the client; returns (response, body fully relayed)."""
-        resp = web.StreamResponse(status=up.status, reason=up.reason)
-        resp.headers.extend((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-                            for k, v in _end_to_end(up.headers))
+    async def _relay(self, request: Request, reply: Reply, up: Response,
+                     an: StreamAnnotator | None, body: bytes) -> bool:
+        """Stream the upstream response to the client; True when its body was fully relayed."""
         if an is not None:
             try:
                 an.start(up.status, up.content_type)
             except Exception as e:  # noqa: BLE001
                 self._fail(an, "start", e)
                 an = None
-        if request.method == "HEAD":
-            await resp.prepare(request)
-            await resp.write_eof()
-            return resp, True
         try:
-            await resp.prepare(request)
-        except (ConnectionError, RuntimeError) as e:
+            reply.start(up.status, up.reason, _end_to_end(up.headers))
+        except ConnectionError as e:
             # the client gave up while the request waited upstream (queued behind busy slots)
             if an is not None:
                 self._abort(an, body, "cancelled", f"client disconnected before the response: {type(e).__name__}")
-            return resp, False
+            return False
+        if request.method == "HEAD":
+            await reply.end()
+            return True
         client_gone = False
         try:
             async for chunk in up.iter_any():
                 now = time.time()
                 try:
-                    await resp.write(chunk)
-                except (ConnectionError, RuntimeError) as e:
+                    await reply.write(chunk)
+                except ConnectionError as e:
                     client_gone = True
                     if an is not None and not an.saw_done:
                         an.status, an.note = "cancelled", f"client disconnected: {type(e).__name__}"
@@ -301,9 +297,8 @@ class _Proxy:
             self.stats["upstream_errors"] += 1
             if an is not None:
                 self._abort(an, body, "error", f"upstream closed mid-response: {type(e).__name__}")
-            if request.transport is not None:
-                request.transport.close()
-            return resp, False
+            reply.abort()
+            return False
         if an is not None:
             try:
                 an.end(time.time())
@@ -312,43 +307,33 @@ class _Proxy:
                 an = None
         if not client_gone:
             try:
-                await resp.write_eof()
-            except (ConnectionError, RuntimeError):
+                await reply.end()
+            except ConnectionError:
                 # a client that read the whole stream ([DONE]) may close before our last write
                 if an is not None and not (an.saw_done or not an.sse):
                     an.status = "cancelled"
         if an is not None:
             self._emit(an, body)
-        return resp, not client_gone
+        return not client_gone
 
 
-def make_proxy_app(upstream_url: str, sink: Any, *, store_text: bool = False,
-                   block_chars: int = 256, server_label: str | None = None,
-                   client_max_size: int = 256 * 1024 * 1024) -> web.Application:
-    """An aiohttp application proxying every request to ``upstream_url`` and emitting a
-    :class:`RequestRecord` to ``sink`` for each completion request (see module doc).
-    ``server_label`` (default ``host:port`` of the upstream) goes into ``record.server``."""
+def make_proxy(upstream_url: str, sink: Any, *, store_text: bool = False,
+               block_chars: int = 256, server_label: str | None = None) -> ProxyServer:
+    """A proxy server (not yet listening: ``await server.start(host, port)``) relaying every
+    request to ``upstream_url`` and emitting a :class:`RequestRecord` to ``sink`` for each
+    completion request (see module doc). ``server.proxy`` holds its ``stats`` and in-flight
+    requests. ``server_label`` (default ``host:port`` of the upstream) goes into ``record.server``."""
     proxy = _Proxy(upstream_url, sink, store_text, block_chars, server_label)
-    app = web.Application(client_max_size=client_max_size)
-    app[PROXY_KEY] = proxy
-    app.on_cleanup.append(proxy.on_cleanup)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle)
-    return app
+    server = ProxyServer(proxy.handle)
+    server.proxy = proxy
+    server.on_close.append(proxy.client.close)
+    return server
 
 
 async def start_proxy(upstream: str, sink: Any, host: str = "127.0.0.1", port: int = 9000,
-                      **kwargs: Any) -> web.AppRunner:
-    """Build the proxy app, listen on ``host:port`` (``port=0``: any free port; see
-    ``runner.addresses``), return the started runner; stop it with ``await runner.cleanup()``.
-    ``kwargs`` go to :func:`make_proxy_app`."""
-    app = make_proxy_app(upstream, sink, **kwargs)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    return runner
-
-
-def proxy_port(runner: web.AppRunner) -> int:
-    """The port a started runner listens on (useful with ``port=0``)."""
-    return int(runner.addresses[0][1])
+                      **kwargs: Any) -> ProxyServer:
+    """:func:`make_proxy`, listening on ``host:port`` (``port=0``: any free port, see
+    ``server.port``); stop it with ``await server.close()``."""
+    server = make_proxy(upstream, sink, **kwargs)
+    await server.start(host, port)
+    return server

@@ -135,6 +135,10 @@ class _Conn(asyncio.Protocol):
             self.transport.resume_reading()
 
 
+class _SourceFailed(Exception):
+    """Reading a streamed request body failed; its cause is re-raised to the caller as is."""
+
+
 class UpstreamClient:
     """Connections to one upstream (``http(s)://host[:port]``), pooled while idle < KEEPALIVE_S."""
 
@@ -202,8 +206,9 @@ class UpstreamClient:
                    body: bytes | None = None, stream: Any = None, stream_length: int | None = None,
                    fresh: bool = False) -> Response:
         """Send one request; return once its response head is parsed. ``body``: the whole body;
-        ``stream``: an aiohttp ``StreamReader`` to forward as it arrives (``stream_length`` its
-        declared length, else chunked). ``fresh``: never a pooled connection. Raises
+        ``stream``: anything with ``iter_any()`` (the proxy's :class:`~kvdoctor.collect.proxy_server.Request`)
+        to forward as it arrives (``stream_length`` its declared length, else chunked); an error
+        reading it reaches the caller as raised. ``fresh``: never a pooled connection. Raises
         :class:`UpstreamError` subclasses."""
         conn = None if fresh else self._pooled()
         if conn is None:
@@ -231,6 +236,9 @@ class UpstreamClient:
             if stream is not None:
                 await self._send_stream(conn, stream, stream_length is None)
             await r._head
+        except _SourceFailed as e:
+            conn.transport.close()
+            raise e.__cause__ from None  # type: ignore[misc]
         except ClosedEarly as e:
             conn.transport.close()
             raise ClosedEarly(str(e) + (" (a pooled connection)" if was_used else "")) from None
@@ -247,7 +255,14 @@ class UpstreamClient:
 
     async def _send_stream(self, conn: _Conn, stream: Any, chunked: bool) -> None:
         assert conn.transport is not None
-        async for chunk in stream.iter_any():
+        chunks = stream.iter_any()
+        while True:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except Exception as e:  # the body's source failed (the client left): not the upstream's doing
+                raise _SourceFailed() from e
             if conn.lost:
                 break
             conn.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)

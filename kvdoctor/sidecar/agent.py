@@ -116,6 +116,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         self.steps = 0
         self.otel = None
         self._proxy = None  # the streaming proxy, when there is one: its in-flight requests
+        self._proxy_server: Any = None
         # two workers suffice for the blocking reads (NVML, psutil, HTTP scrape), and fewer
         # threads mean fewer malloc arenas: part of keeping the sidecar under ~100 MiB
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvdoctor-source")
@@ -135,14 +136,18 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
                            self.report_page, self.cfg.token)
             await self._site(web, app, host, port, "endpoints")
         if self.cfg.proxy:
-            from ..collect.proxy import make_proxy_app
+            from ..collect.proxy import make_proxy
 
             host, port = host_port(self.cfg.proxy, 9000, "--proxy")
-            from ..collect.proxy import PROXY_KEY
-
-            app = make_proxy_app(self.cfg.server_url, self, store_text=self.cfg.store_text)
-            self._proxy = app[PROXY_KEY]
-            await self._site(web, app, host, port, "proxy")
+            server = make_proxy(self.cfg.server_url, self, store_text=self.cfg.store_text)
+            self._proxy = server.proxy
+            try:
+                await server.start(host, port)
+            except OSError as e:
+                raise InputError(f"proxy: cannot listen on {host}:{port} ({e.strerror or e}); "
+                                 "choose another HOST:PORT") from None
+            self._proxy_server = server
+            log.info("proxy listening on http://%s:%d", host, port)
         if self.cfg.otlp_receiver:
             from ..collect.otlp_receiver import make_app as make_receiver
 
@@ -156,8 +161,8 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             log.info("otlp-grpc listening on %s:%d", host, bound)
 
     async def _site(self, web, app, host: str, port: int, what: str) -> None:
-        # auto_decompress off: the proxy passes bodies byte for byte, the OTLP receiver inflates itself
-        # shutdown_timeout: a stream still open at SIGTERM is cut after this, not waited on for a minute
+        # auto_decompress off: the OTLP receiver inflates itself (and bounds what it inflates)
+        # shutdown_timeout: a request still open at SIGTERM is cut after this, not waited on for a minute
         runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         self._runners.append(runner)
@@ -199,6 +204,8 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            if self._proxy_server is not None:
+                await self._proxy_server.close(SHUTDOWN_GRACE_S)
             for runner in self._runners:
                 await runner.cleanup()
             if self._grpc is not None:

@@ -1,0 +1,435 @@
+"""The proxy's client side: a lean HTTP/1.1 server on asyncio's protocol API and llhttp's C parser
+(``httptools``), in place of aiohttp's web server, whose request objects, router, middleware hooks
+and header serialisation cost ~0.2 ms a request on the relay's critical path (measured, see
+docs/proxy.md).
+
+    server = ProxyServer(handler)         # async def handler(request: Request, reply: Reply)
+    port = await server.start("127.0.0.1", 0)
+    ...
+    await server.close(grace_s=2.0)
+
+Per connection, one request is handled at a time; pipelined requests wait their turn (reading from
+the client pauses meanwhile). Request bodies are handed over as they arrive, with a high-water mark
+that pauses reading from the client. A request head over :data:`MAX_HEAD_BYTES` or
+:data:`MAX_HEADERS` lines gets 431, one the parser rejects 400, both with ``Connection: close``.
+Response framing: the upstream's ``Content-Length`` when it sent one, else chunked to an HTTP/1.1
+client, else (HTTP/1.0) the body ends with the connection.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import http
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import httptools
+
+log = logging.getLogger("kvdoctor.proxy")
+
+#: a request head (request line and headers) bigger than this is refused with 431
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 256
+#: reading from the client pauses while this many request-body bytes wait for the handler
+HIGH_WATER_BYTES = 1 << 20
+#: a client connection with no request in progress is closed after this (aiohttp's server: 75 s)
+KEEPALIVE_S = 75.0
+
+_NO_BODY_STATUS = frozenset({204, 304})
+_PHRASES = {int(s): s.phrase.encode() for s in http.HTTPStatus}
+
+
+class Request:
+    """One request: ``method`` (str), ``target`` (raw bytes as sent), ``path`` (str, no query),
+    ``headers`` (raw ``(name, value)`` bytes pairs as received), its body via :meth:`read` or
+    :meth:`iter_any`."""
+
+    __slots__ = ("method", "target", "path", "headers", "version", "keep_alive", "content_length",
+                 "chunked", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes")
+
+    def __init__(self, conn: "_Conn") -> None:
+        self._conn = conn
+        self.method = ""
+        self.target = b""
+        self.path = ""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.version = "1.1"
+        self.keep_alive = True
+        self.content_length: int | None = None
+        self.chunked = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._done = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._head_bytes = 0
+
+    @property
+    def body_exists(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first header of that (lower-case) name, or None."""
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return None
+
+    # ---- fed by the connection
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._queued += len(chunk)
+        if self._queued > HIGH_WATER_BYTES:
+            self._conn.pause_reading()
+        self._wake()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _wake(self, exc: BaseException | None = None) -> None:
+        w, self._waiter = self._waiter, None
+        if w is not None and not w.done():
+            if exc is not None:
+                w.set_exception(exc)
+            else:
+                w.set_result(None)
+
+    # ---- for the handler
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive; ConnectionResetError if the client leaves mid-body."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._queued -= len(chunk)
+                if self._queued <= HIGH_WATER_BYTES // 4:
+                    self._conn.resume_reading()
+                yield chunk
+            elif self._done:
+                return
+            elif self._conn.lost:
+                raise ConnectionResetError("client closed the connection during the request body")
+            else:
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+
+    async def read(self) -> bytes:
+        """The whole body (the caller bounds its size by ``content_length`` first)."""
+        return b"".join([c async for c in self.iter_any()])
+
+
+class Reply:
+    """Writes one response to the client: :meth:`start` (status line and headers), :meth:`write`
+    per body chunk, :meth:`end`. Writes raise ConnectionResetError once the client is gone."""
+
+    __slots__ = ("_conn", "_req", "started", "_chunked", "_no_body", "_close", "ended")
+
+    def __init__(self, conn: "_Conn", req: Request) -> None:
+        self._conn, self._req = conn, req
+        self.started = self.ended = False
+        self._chunked = self._no_body = False
+        self._close = not req.keep_alive
+
+    def start(self, status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """Send the head. ``headers`` are end-to-end (no Connection or Transfer-Encoding);
+        ``reason`` as received (latin-1), the standard phrase when empty."""
+        if self._conn.lost:
+            raise ConnectionResetError("client closed the connection")
+        self.started = True
+        self._no_body = self._req.method == "HEAD" or status in _NO_BODY_STATUS or status < 200
+        has_length = any(k.lower() == b"content-length" for k, _ in headers)
+        if not self._no_body and not has_length:
+            if self._req.version == "1.1":
+                self._chunked = True
+            else:
+                self._close = True  # HTTP/1.0: the body ends with the connection
+        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("latin-1", "replace") or _PHRASES.get(status, b"-"))]
+        for k, v in headers:
+            out += (k, b": ", v, b"\r\n")
+        if self._chunked:
+            out.append(b"Transfer-Encoding: chunked\r\n")
+        if self._close:
+            out.append(b"Connection: close\r\n\r\n")
+        else:  # an HTTP/1.0 client keeps the connection only when told so
+            out.append(b"\r\n" if self._req.version == "1.1" else b"Connection: keep-alive\r\n\r\n")
+        self._conn.transport.write(b"".join(out))
+
+    async def write(self, chunk: bytes) -> None:
+        conn = self._conn
+        if conn.lost:
+            raise ConnectionResetError("client closed the connection")
+        if self._no_body or not chunk:
+            return
+        if self._chunked:
+            conn.transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        else:
+            conn.transport.write(chunk)
+        if conn.write_paused:
+            await conn.drain()
+
+    async def end(self) -> None:
+        conn = self._conn
+        if conn.lost:
+            raise ConnectionResetError("client closed the connection")
+        self.ended = True
+        if self._chunked:
+            conn.transport.write(b"0\r\n\r\n")
+        if self._close:
+            conn.transport.close()
+
+    def respond(self, status: int, reason: str, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole small response at once (errors)."""
+        self.start(status, reason, [*headers, (b"Content-Length", b"%d" % len(body))])
+        if not self._no_body:
+            self._conn.transport.write(body)
+        self.ended = True
+        if self._close:
+            self._conn.transport.close()
+
+    def abort(self) -> None:
+        """Cut the connection: the client sees a broken response, not a clean end."""
+        self._close = True
+        if self._conn.transport is not None:
+            self._conn.transport.close()
+
+
+Handler = Callable[[Request, Reply], Awaitable[None]]
+
+
+class _Conn(asyncio.Protocol):
+    """One client connection: parses requests, runs the handler for one at a time."""
+
+    def __init__(self, server: "ProxyServer") -> None:
+        self.server = server
+        self.transport: Any = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.lost = False
+        self.write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        self._req: Request | None = None  # being parsed
+        self._queue: collections.deque[Request] = collections.deque()  # parsed heads, not yet handled
+        self._task: asyncio.Task[None] | None = None
+        self._bad = False
+        #: when the connection last had nothing to do (ProxyServer._sweep closes it after KEEPALIVE_S)
+        self.idle_since = time.monotonic()
+
+    @property
+    def idle(self) -> bool:
+        return self._req is None and not self._queue
+
+    # ---- asyncio.Protocol
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.server._conns.add(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = True
+        self.server._conns.discard(self)
+        err = ConnectionResetError("client closed the connection")
+        for r in ([self._req] if self._req is not None else []) + list(self._queue):
+            r._wake(err)
+        d, self._drain = self._drain, None
+        if d is not None and not d.done():
+            d.set_exception(err)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        d, self._drain = self._drain, None
+        if d is not None and not d.done():
+            d.set_result(None)
+
+    async def drain(self) -> None:
+        if self.lost:
+            raise ConnectionResetError("client closed the connection")
+        if self.write_paused:
+            self._drain = asyncio.get_running_loop().create_future()
+            await self._drain
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and not self.lost:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and not self.lost and len(self._queue) <= 1:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._bad:
+            return
+        try:
+            self.parser.feed_data(data)
+        except _Refused as e:
+            self._refuse(e.status, e.message)
+        except httptools.HttpParserError as e:  # also an upgrade's HttpParserUpgrade
+            cause = e.__context__ if isinstance(e.__context__, _Refused) else None
+            if cause is not None:  # raised in a callback: llhttp reports it as its own error
+                self._refuse(cause.status, cause.message)
+            else:
+                self._refuse(400, f"malformed request: {' '.join(str(e).split())[:120]}")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """An answer the handler never sees: the head could not be read. Closes after it."""
+        self._bad = True
+        if self._task is None or self._task.done():
+            body = b'{"error":{"message":"%s","type":"bad_request","code":%d}}' % (
+                message.replace('"', "'").encode("ascii", "backslashreplace"), status)
+            self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                                 b"Connection: close\r\n\r\n%s" % (status, _PHRASES[status], len(body), body))
+        self.transport.close()
+
+    # ---- httptools callbacks
+    def on_message_begin(self) -> None:
+        self._req = Request(self)
+
+    def on_url(self, url: bytes) -> None:
+        r = self._req
+        r.target += url
+        r._head_bytes += len(url)
+        if r._head_bytes > MAX_HEAD_BYTES:
+            raise _Refused(431, f"request line over {MAX_HEAD_BYTES >> 10} KiB")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        r = self._req
+        r._head_bytes += len(name) + len(value) + 4
+        if r._head_bytes > MAX_HEAD_BYTES or len(r.headers) >= MAX_HEADERS:
+            raise _Refused(431, f"request head over {MAX_HEAD_BYTES >> 10} KiB or {MAX_HEADERS} header lines")
+        r.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        r, p = self._req, self.parser
+        r.method = p.get_method().decode("ascii", "replace")
+        r.version = p.get_http_version()
+        r.keep_alive = p.should_keep_alive()
+        if p.should_upgrade():
+            raise _Refused(501, "protocol upgrades (and CONNECT) are not proxied")
+        if not r.target.startswith(b"/"):  # absolute-form (http://host/path) or "*"
+            u = httptools.parse_url(r.target) if r.target != b"*" else None
+            if u is not None:
+                r.target = (u.path or b"/") + (b"?" + u.query if u.query else b"")
+        q = r.target.find(b"?")
+        r.path = (r.target if q < 0 else r.target[:q]).decode("utf-8", "surrogateescape")
+        for k, v in r.headers:
+            lk = k.lower()
+            if lk == b"content-length":
+                r.content_length = int(v)  # llhttp has validated it
+            elif lk == b"transfer-encoding" and b"chunked" in v.lower():
+                r.chunked = True
+            elif lk == b"expect" and v.lower() == b"100-continue" and r.version == "1.1":
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._queue.append(r)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._serve())
+            self.server._tasks.add(self._task)
+            self._task.add_done_callback(self.server._tasks.discard)
+        else:  # pipelined behind a request still being answered: take nothing more until then
+            self.pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        self._req._feed(body)
+
+    def on_message_complete(self) -> None:
+        self._req._finish()
+        self._req = None
+
+    # ---- the requests, one at a time
+    async def _serve(self) -> None:
+        while self._queue and not self.lost:
+            req = self._queue[0]
+            reply = Reply(self, req)
+            try:
+                await self.server.handler(req, reply)
+                if not req._done and not self.lost:
+                    # answered before the whole body came: the connection is out of step
+                    reply.abort()
+            except ConnectionError:
+                reply.abort()
+            except asyncio.CancelledError:  # shutdown
+                reply.abort()
+                raise
+            except Exception as e:  # noqa: BLE001 - one request's failure is not the server's
+                log.error("proxy: unexpected error answering %s %s: %s: %s", req.method, req.path[:80],
+                          type(e).__name__, e, exc_info=e)
+                if not reply.started and not self.lost:
+                    reply._close = True
+                    reply.respond(500, "", [(b"Content-Type", b"application/json")],
+                                  b'{"error":{"message":"kvdoctor proxy internal error","code":500}}')
+                else:
+                    reply.abort()
+            self._queue.popleft()
+            if not req.keep_alive or reply._close or not reply.ended or self.server.closing:
+                if self.transport is not None:
+                    self.transport.close()
+                return
+            self.resume_reading()
+        self.idle_since = time.monotonic()
+
+
+class _Refused(Exception):
+    """A request head the server will not pass on: answered ``status`` with ``message``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class ProxyServer:
+    """Listens and serves ``handler`` (``async (Request, Reply) -> None``) on every connection."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[_Conn] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port: int | None = None
+        #: set by close(): a connection is closed after its answer in progress
+        self.closing = False
+        self._sweeper: asyncio.TimerHandle | None = None
+        #: what serves the requests, for its owner to reach (the proxy: stats, in-flight requests)
+        self.proxy: Any = None
+        #: called once at close, after the connections (the proxy closes its upstream pool here)
+        self.on_close: list[Callable[[], None]] = []
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on ``host:port`` (0: any free port); return the bound port. OSError if taken."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Conn(self), host, port, reuse_address=True)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._sweeper = loop.call_later(KEEPALIVE_S / 5, self._sweep)
+        return self.port
+
+    def _sweep(self) -> None:
+        """Close connections idle past KEEPALIVE_S (a timer per request would cost the hot path)."""
+        cutoff = time.monotonic() - KEEPALIVE_S
+        for c in list(self._conns):
+            if c.idle and c.idle_since < cutoff and c.transport is not None:
+                c.transport.close()
+        self._sweeper = asyncio.get_running_loop().call_later(KEEPALIVE_S / 5, self._sweep)
+
+    async def close(self, grace_s: float = 2.0) -> None:
+        """Stop listening, give answers in progress ``grace_s``, then cut what is left."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+        for c in list(self._conns):  # idle keep-alive connections: nothing to wait for
+            if c._task is None or c._task.done():
+                c.transport.close()
+        if self._tasks:
+            _, pending = await asyncio.wait(list(self._tasks), timeout=grace_s)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+        for c in list(self._conns):
+            c.transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+        for f in self.on_close:
+            f()
