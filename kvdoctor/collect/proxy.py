@@ -44,8 +44,9 @@ from typing import Any, Sequence
 import orjson
 from yarl import URL
 
+from kvdoctor.collect.proxy_exchange import Reply, Request
 from kvdoctor.collect.proxy_record import build_record, client_request_id, traceparent_trace_id
-from kvdoctor.collect.proxy_server import ProxyServer, Reply, Request
+from kvdoctor.collect.proxy_server import ProxyServer
 from kvdoctor.collect.proxy_stream import MAX_ANALYSED_BODY, MAX_SSE_EVENT_BYTES, StreamAnnotator
 from kvdoctor.collect.upstream import ClosedEarly, Malformed, Response, UpstreamClient, UpstreamError
 from kvdoctor.model import RequestRecord

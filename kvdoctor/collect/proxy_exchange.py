@@ -1,0 +1,170 @@
+"""One request to the proxy and its reply, as the proxy's server side
+(:mod:`kvdoctor.collect.proxy_server`) hands them to the relay: the request's head as received
+and its body as it arrives (:class:`Request`), the response written with HTTP/1.1 framing
+(:class:`Reply`)."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import http
+from typing import Any, AsyncIterator
+
+#: reading from the client pauses while this many request-body bytes wait for the handler
+HIGH_WATER_BYTES = 1 << 20
+
+_NO_BODY_STATUS = frozenset({204, 304})
+#: the standard reason phrase per status (for an upstream reason left empty, and own answers)
+PHRASES = {int(s): s.phrase.encode() for s in http.HTTPStatus}
+
+
+class Request:
+    """One request: ``method`` (str), ``target`` (raw bytes as sent), ``path`` (str, no query),
+    ``headers`` (raw ``(name, value)`` bytes pairs as received), its body via :meth:`read` or
+    :meth:`iter_any`."""
+
+    __slots__ = ("method", "target", "path", "headers", "version", "keep_alive", "content_length",
+                 "chunked", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes")
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.method = ""
+        self.target = b""
+        self.path = ""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.version = "1.1"
+        self.keep_alive = True
+        self.content_length: int | None = None
+        self.chunked = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._done = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._head_bytes = 0
+
+    @property
+    def body_exists(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first header of that (lower-case) name, or None."""
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return None
+
+    # ---- fed by the connection
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._queued += len(chunk)
+        if self._queued > HIGH_WATER_BYTES:
+            self._conn.pause_reading()
+        self._wake()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _wake(self, exc: BaseException | None = None) -> None:
+        w, self._waiter = self._waiter, None
+        if w is not None and not w.done():
+            if exc is not None:
+                w.set_exception(exc)
+            else:
+                w.set_result(None)
+
+    # ---- for the handler
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive; ConnectionResetError if the client leaves mid-body."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._queued -= len(chunk)
+                if self._queued <= HIGH_WATER_BYTES // 4:
+                    self._conn.resume_reading()
+                yield chunk
+            elif self._done:
+                return
+            elif self._conn.lost:
+                raise ConnectionResetError("client closed the connection during the request body")
+            else:
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+
+    async def read(self) -> bytes:
+        """The whole body (the caller bounds its size by ``content_length`` first)."""
+        return b"".join([c async for c in self.iter_any()])
+
+
+class Reply:
+    """Writes one response to the client: :meth:`start` (status line and headers), :meth:`write`
+    per body chunk, :meth:`end`. Writes raise ConnectionResetError once the client is gone."""
+
+    __slots__ = ("_conn", "_req", "started", "_chunked", "_no_body", "_close", "ended")
+
+    def __init__(self, conn: Any, req: Request) -> None:
+        self._conn, self._req = conn, req
+        self.started = self.ended = False
+        self._chunked = self._no_body = False
+        self._close = not req.keep_alive
+
+    def start(self, status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """Send the head. ``headers`` are end-to-end (no Connection or Transfer-Encoding);
+        ``reason`` as received (latin-1), the standard phrase when empty."""
+        if self._conn.lost:
+            raise ConnectionResetError("client closed the connection")
+        self.started = True
+        self._no_body = self._req.method == "HEAD" or status in _NO_BODY_STATUS or status < 200
+        has_length = any(k.lower() == b"content-length" for k, _ in headers)
+        if not self._no_body and not has_length:
+            if self._req.version == "1.1":
+                self._chunked = True
+            else:
+                self._close = True  # HTTP/1.0: the body ends with the connection
+        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("latin-1", "replace") or PHRASES.get(status, b"-"))]
+        for k, v in headers:
+            out += (k, b": ", v, b"\r\n")
+        if self._chunked:
+            out.append(b"Transfer-Encoding: chunked\r\n")
+        if self._close:
+            out.append(b"Connection: close\r\n\r\n")
+        else:  # an HTTP/1.0 client keeps the connection only when told so
+            out.append(b"\r\n" if self._req.version == "1.1" else b"Connection: keep-alive\r\n\r\n")
+        self._conn.transport.write(b"".join(out))
+
+    async def write(self, chunk: bytes) -> None:
+        conn = self._conn
+        if conn.lost:
+            raise ConnectionResetError("client closed the connection")
+        if self._no_body or not chunk:
+            return
+        if self._chunked:
+            conn.transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        else:
+            conn.transport.write(chunk)
+        if conn.write_paused:
+            await conn.drain()
+
+    async def end(self) -> None:
+        conn = self._conn
+        if conn.lost:
+            raise ConnectionResetError("client closed the connection")
+        self.ended = True
+        if self._chunked:
+            conn.transport.write(b"0\r\n\r\n")
+        if self._close:
+            conn.transport.close()
+
+    def respond(self, status: int, reason: str, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole small response at once (errors)."""
+        self.start(status, reason, [*headers, (b"Content-Length", b"%d" % len(body))])
+        if not self._no_body:
+            self._conn.transport.write(body)
+        self.ended = True
+        if self._close:
+            self._conn.transport.close()
+
+    def abort(self) -> None:
+        """Cut the connection: the client sees a broken response, not a clean end."""
+        self._close = True
+        if self._conn.transport is not None:
+            self._conn.transport.close()
