@@ -13,7 +13,7 @@ import kvdoctor
 from kvdoctor.capture.memory import from_records
 from kvdoctor.cli import cli
 from kvdoctor.diagnosis import diagnose
-from kvdoctor.model import derive_request
+from kvdoctor.model import EngineSample, derive_request
 from kvdoctor.signals import Prepared
 from kvdoctor.signals.registry import fit
 
@@ -114,6 +114,31 @@ def test_hits_that_waited_still_count_as_hits(tmp_path):
     assert np.exp(np.diff(np.log(np.sort(raw["ttft"]))).max()) < 4  # no empty 4x gap in the raw file
     assert 0.03 <= hm.evidence["ttft_fast_mode_frac"] <= 0.15
     assert 0.7 <= hm.evidence["ttft_slow_mode_over_prefill"] <= 1.5
+
+
+@pytest.mark.parametrize("hit_share, fires", [("split", True), (0.95, False)])
+def test_the_engines_hit_counters_must_fit_the_split(tmp_path, hit_share, fires):
+    """Where no request says what it had cached, the engine's prefix-cache counters must fit a
+    hit/miss split: a miss has under half its prompt cached. Seen on real vLLM (CPU, multi-turn,
+    once in 12 full runs): six conversations' next turns arrived together and the later ones waited
+    behind the earlier ones' prefill in the same batch, 75% of requests in the slow TTFT cluster
+    while the engine counted 75% of prompt tokens cached. Here the AIBrix hit/miss run (the same
+    21k-token prompt throughout) with counters that match its split still fires; with counters
+    saying 95% of tokens were cached, its slow requests must have hit too, and it does not."""
+    cap = _import(tmp_path, "0.5")
+    f = _whole(cap).value("ttft_fast_mode_frac")
+    share = f if hit_share == "split" else hit_share
+    recs = request_records(cap)
+    t0 = min(r.arrival_s for r in recs) - 1
+    t1 = max(r.finish_s for r in recs) + 1
+    prompt_per_s = sum(r.prompt_tokens for r in recs) / (t1 - t0)
+    engine = [EngineSample(time_s=t, engine="vllm", values={"prefix_cache_queries_total": (t - t0) * prompt_per_s,
+                                                            "prefix_cache_hits_total": share * (t - t0) * prompt_per_s})
+              for t in np.arange(t0, t1 + 5, 5.0)]
+    counted = from_records(cap.meta, requests=recs, engine=engine)
+    assert _whole(counted).value("prefix_hit_rate_achieved") == pytest.approx(share, rel=0.01)
+    assert ("prefix-cache-hit-miss" in _causes(diagnose(counted))) is fires
+    assert _whole(counted).value("ttft_cache_bimodal") == float(fires)
 
 
 def test_queue_after_a_slow_start_is_not_hit_miss():

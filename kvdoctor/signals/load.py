@@ -241,6 +241,17 @@ def ttft_cache_bimodal(w):
         costs = costs and md["slow_over_prefill"] <= 2.0 and md["fast_over_prefill"] <= 0.25
     if "cached_fast" in md:  # a hit skips most of its prefill (the fast side is under half its cost); a miss does not
         costs = costs and md["cached_fast"] >= 0.5 > md["cached_slow"]
+    # where only the engine counts its hits (no cached tokens per request), they must fit the split
+    # too: a miss has under half its prompt cached, so the cached share of all prompt tokens is at
+    # most the fast side's tokens and half the slow side's. More than that, and the slow requests
+    # hit as well and waited instead: e.g. several conversations' next turns arriving together, the
+    # later ones behind the earlier ones' prefill in the same batch (vLLM multi-turn, 75% of tokens
+    # cached, yet 75% of requests in the slow cluster)
+    hit = w.value("prefix_hit_rate_achieved")
+    if np.isfinite(hit) and "cached_fast" not in md:
+        f = md["fast_frac"]
+        r = md["prompt_ratio"] if np.isfinite(md["prompt_ratio"]) else 1.0  # slow over fast prompt length
+        costs = costs and hit <= (f + 0.5 * (1 - f) * r) / (f + (1 - f) * r)
     return float(bool(same_prompts and costs))
 
 
