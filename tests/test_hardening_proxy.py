@@ -164,3 +164,39 @@ def test_a_huge_request_body_is_streamed_upstream_not_held(tmp_path):
     assert peak < size / 4, f"peak {peak >> 20} MiB for a {size >> 20} MiB body"
     (rec,) = sink.records
     assert rec.status == "ok" and rec.prompt_tokens is None
+
+
+def test_a_wall_clock_step_mid_request_does_not_bend_its_timings(monkeypatch):
+    """A wall clock stepped while a request streams (NTP, or a VM snapshot resumed: seen once in
+    a full run, +15.4 s) must not reach the record: its stamps are its wall-clock arrival plus
+    monotonic time since. The upstream steps the clock 100 s ahead after sending the head."""
+    import asyncio
+
+    from aiohttp import web
+
+    real_time = time.time
+
+    async def upstream(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(0.05)
+        monkeypatch.setattr(time, "time", lambda: real_time() + 100.0)
+        await resp.write(_chat_events(["a ", "b ", "c "]))
+        await resp.write_eof()
+        return resp
+
+    async def main():
+        sink = ListSink()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", upstream)
+        t0 = real_time()
+        async with Started(app) as up, Started(make_proxy(up, sink)) as px:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
+                    await r.read()
+        return sink, t0
+
+    sink, t0 = run(main())
+    (rec,) = sink.records
+    assert rec.status == "ok" and abs(rec.arrival_s - t0) < 5
+    assert 0.04 < rec.ttft_s < 5 and 0.04 < rec.e2e_s < 5, (rec.ttft_s, rec.e2e_s)

@@ -165,14 +165,14 @@ class _Proxy:
         """Record a request the relay cut short: the client left, or the upstream broke."""
         an.status, an.note = status, note
         try:
-            an.end(time.time())
+            an.end(an.now())
         except Exception as e:  # noqa: BLE001
             self._fail(an, "end", e)
             return
         self._emit(an, body)
 
     async def handle(self, request: Request, reply: Reply) -> None:
-        arrival = time.time()
+        arrival, arrival_mono = time.time(), time.perf_counter()
         self.stats["requests"] += 1
         declared = request.content_length
         if (declared is not None and declared > MAX_ANALYSED_BODY) or (declared is None and request.chunked):
@@ -185,7 +185,7 @@ class _Proxy:
         an: StreamAnnotator | None = None
         if kind is not None:
             try:
-                an = StreamAnnotator(kind, arrival, self.store_text)
+                an = StreamAnnotator(kind, arrival, self.store_text, arrival_mono)
                 an.client_id = client_request_id(_text(request.header(b"x-request-id")))
                 an.trace_id = traceparent_trace_id(_text(request.header(b"traceparent")))
                 self.stats["analysed"] += 1
@@ -239,7 +239,7 @@ class _Proxy:
                 try:
                     an.start(502, "application/json")
                     an.status, an.note = "error", detail
-                    an.end(time.time())
+                    an.end(an.now())
                     self._emit(an, body)
                 except Exception as e2:  # noqa: BLE001
                     self._fail(an, "record", e2)
@@ -279,7 +279,7 @@ class _Proxy:
         client_gone = False
         try:
             async for chunk in up.iter_any():
-                now = time.time()
+                now = an.now() if an is not None else 0.0
                 try:
                     await reply.write(chunk)
                 except ConnectionError as e:
@@ -302,7 +302,7 @@ class _Proxy:
             return False
         if an is not None:
             try:
-                an.end(time.time())
+                an.end(an.now())
             except Exception as e:  # noqa: BLE001
                 self._fail(an, "end", e)
                 an = None

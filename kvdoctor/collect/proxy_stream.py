@@ -8,6 +8,7 @@ which :func:`kvdoctor.collect.proxy_record.build_record` builds after the respon
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -45,11 +46,14 @@ class StreamAnnotator:
     __slots__ = ("saw_done", "kind", "arrival_s", "store_text", "http_status", "sse", "first_s", "last_s",
                  "finish_s", "itl", "n_content", "usage", "timings", "model", "stream_error",
                  "rep", "out_parts", "_buf", "_crlf", "_body", "_body_len", "status",
-                 "note", "client_id", "trace_id")
+                 "note", "client_id", "trace_id", "mono_to_wall_s")
 
-    def __init__(self, kind: str, arrival_s: float, store_text: bool) -> None:
+    def __init__(self, kind: str, arrival_s: float, store_text: bool, arrival_mono_s: float | None = None) -> None:
         self.kind = kind
         self.arrival_s = arrival_s
+        #: the request's stamps are its wall-clock arrival plus monotonic time since: a wall-clock
+        #: step while it runs (NTP, a VM paused and resumed) cannot bend its TTFT, ITL or e2e
+        self.mono_to_wall_s = arrival_s - (time.perf_counter() if arrival_mono_s is None else arrival_mono_s)
         self.store_text = store_text
         self.http_status: int | None = None
         self.sse = False
@@ -77,6 +81,10 @@ class StreamAnnotator:
         self.client_id: str | None = None
         #: the trace id of the client's W3C traceparent: joins the record to the engine's span
         self.trace_id: str | None = None
+
+    def now(self) -> float:
+        """Wall-clock seconds on this request's clock (see ``mono_to_wall_s``)."""
+        return time.perf_counter() + self.mono_to_wall_s
 
     # ---------------------------------------------------------------- response start
     def start(self, http_status: int, content_type: str) -> None:
