@@ -244,7 +244,7 @@ class _Proxy:
                 except Exception as e2:  # noqa: BLE001
                     self._fail(an, "record", e2)
             payload = {"error": {"message": detail, "type": "bad_gateway", "code": 502}}
-            reply.respond(502, "", [(b"Content-Type", b"application/json")], orjson.dumps(payload))
+            reply.respond(502, b"", [(b"Content-Type", b"application/json")], orjson.dumps(payload))
             return
         self._status(True, "upstream reachable")
         done = False

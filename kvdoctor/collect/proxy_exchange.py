@@ -9,8 +9,9 @@ import collections
 import http
 from typing import Any, AsyncIterator
 
-#: reading from the client pauses while this many request-body bytes wait for the handler
-HIGH_WATER_BYTES = 1 << 20
+#: the proxy's one buffering bound, both legs: here reading from the client pauses while this many
+#: request-body bytes wait for the handler
+from kvdoctor.collect.upstream_response import HIGH_WATER_BYTES
 
 _NO_BODY_STATUS = frozenset({204, 304})
 #: the standard reason phrase per status (for an upstream reason left empty, and own answers)
@@ -40,10 +41,6 @@ class Request:
         self._done = False
         self._waiter: asyncio.Future[None] | None = None
         self._head_bytes = 0
-
-    @property
-    def body_exists(self) -> bool:
-        return self.chunked or bool(self.content_length)
 
     def header(self, name: bytes) -> bytes | None:
         """The first header of that (lower-case) name, or None."""
@@ -107,9 +104,9 @@ class Reply:
         self._chunked = self._no_body = False
         self._close = not req.keep_alive
 
-    def start(self, status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> None:
+    def start(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the head. ``headers`` are end-to-end (no Connection or Transfer-Encoding);
-        ``reason`` as received (latin-1), the standard phrase when empty."""
+        ``reason`` as received, the standard phrase when empty."""
         if self._conn.lost:
             raise ConnectionResetError("client closed the connection")
         self.started = True
@@ -120,7 +117,7 @@ class Reply:
                 self._chunked = True
             else:
                 self._close = True  # HTTP/1.0: the body ends with the connection
-        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("latin-1", "replace") or PHRASES.get(status, b"-"))]
+        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason or PHRASES.get(status, b"-"))]
         for k, v in headers:
             out += (k, b": ", v, b"\r\n")
         if self._chunked:
@@ -154,7 +151,7 @@ class Reply:
         if self._close:
             conn.transport.close()
 
-    def respond(self, status: int, reason: str, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def respond(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A whole small response at once (errors)."""
         self.start(status, reason, [*headers, (b"Content-Length", b"%d" % len(body))])
         if not self._no_body:

@@ -27,14 +27,13 @@ from typing import Any, Awaitable, Callable
 import httptools
 
 from kvdoctor.collect.proxy_exchange import HIGH_WATER_BYTES, PHRASES, Reply, Request
+#: the bounds of a head, the same for a request here as for the upstream's answer
+from kvdoctor.collect.upstream_response import MAX_HEAD_BYTES, MAX_HEADERS
 
 __all__ = ["HIGH_WATER_BYTES", "KEEPALIVE_S", "MAX_HEADERS", "MAX_HEAD_BYTES", "ProxyServer", "Reply", "Request"]
 
 log = logging.getLogger("kvdoctor.proxy")
 
-#: a request head (request line and headers) bigger than this is refused with 431
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 256
 #: a client connection with no request in progress is closed after this (aiohttp's server: 75 s)
 KEEPALIVE_S = 75.0
 
@@ -202,7 +201,7 @@ class _Conn(asyncio.Protocol):
                           type(e).__name__, e, exc_info=e)
                 if not reply.started and not self.lost:
                     reply._close = True
-                    reply.respond(500, "", [(b"Content-Type", b"application/json")],
+                    reply.respond(500, b"", [(b"Content-Type", b"application/json")],
                                   b'{"error":{"message":"kvdoctor proxy internal error","code":500}}')
                 else:
                     reply.abort()

@@ -44,7 +44,7 @@ class HeadTooLarge(Exception):
 
 
 class Response:
-    """One response: ``status``, ``reason``, ``headers`` (``(name, value)`` bytes pairs as
+    """One response: ``status``, ``reason`` and ``headers`` (``(name, value)`` pairs; both bytes as
     received), ``content_type`` once :meth:`UpstreamClient.send` returned; the body through
     :meth:`read`."""
 
@@ -54,7 +54,7 @@ class Response:
 
     def __init__(self, conn: "_Conn", head_only: bool) -> None:
         self.status = 0
-        self.reason = ""
+        self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_type = ""
         #: the whole body arrived (a connection may then be reused)
@@ -145,7 +145,7 @@ class Response:
             self._head_bytes = 0
             return
         self.status = status
-        self.reason = b"".join(self._reason_parts).decode("latin-1")
+        self.reason = b"".join(self._reason_parts)
         self._delimited = status in (204, 304)
         for k, v in self.headers:
             lk = k.lower()
