@@ -8,8 +8,23 @@ The library is the product; the CLI, the sidecar and the report are thin shells 
     cap = kvdoctor.load("samples/multi-turn")
     result = diagnose(cap)  # a Diagnosis: result.incidents, most severe first
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .capture import Capture, CaptureWriter, load  # noqa: E402
-
 __all__ = ["Capture", "CaptureWriter", "load", "__version__"]
+
+if TYPE_CHECKING:
+    from .capture import Capture, CaptureWriter, load
+
+
+def __getattr__(name: str) -> Any:
+    # imported when first used: a process that needs one small part (the sidecar's /metrics
+    # parse worker: kvdoctor.engines) does not load the capture layer and pyarrow (~50 MiB)
+    if name in ("Capture", "CaptureWriter", "load"):
+        from . import capture
+
+        return getattr(capture, name)
+    raise AttributeError(f"module 'kvdoctor' has no attribute {name!r}")

@@ -51,6 +51,15 @@ def request_records(cap) -> list:
     return [RequestRecord(**{k: v for k, v in r.items() if v is not None}) for r in rows]
 
 
+def assert_runs_below_us(pid: int) -> None:
+    """The sidecar's analysis process ``pid`` runs at WORKER_NICENESS below this process."""
+    from kvdoctor.workers import WORKER_NICENESS
+
+    if not hasattr(os, "getpriority"):
+        pytest.skip("process niceness is POSIX")
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS, 19)
+
+
 def poll(check, timeout_s: float = 30.0, what: str = "condition", every_s: float = 0.25):
     """Wait until ``check()`` returns something truthy and return it; fail naming ``what``.
     Tests on real servers wait for a state, never for a fixed time: a busy machine is slower."""

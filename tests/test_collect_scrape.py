@@ -3,27 +3,34 @@ that answers late (llama.cpp serves /metrics from the task loop a long prefill h
 only after several timeouts in a row."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.scrape import DOWN_AFTER_TIMEOUTS, ScrapeCollector
 from kvdoctor.testing.llama_server import free_port
+
+from conftest import assert_runs_below_us
 
 PAGE = b"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n"
 
 
 class _Slow(BaseHTTPRequestHandler):
     delay_s = 0.0
+    page = PAGE
 
     def do_GET(self):  # noqa: N802
         time.sleep(type(self).delay_s)
+        page = type(self).page
         try:
             self.send_response(200)
-            self.send_header("Content-Length", str(len(PAGE)))
+            self.send_header("Content-Length", str(len(page)))
             self.end_headers()
-            self.wfile.write(PAGE)
+            self.wfile.write(page)
         except OSError:
             pass
 
@@ -62,3 +69,35 @@ def test_refused_connection_is_down_at_once():
     c = ScrapeCollector(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
     assert _kinds(c) == ["server-down"]
     assert _kinds(c) == []  # said once
+
+
+VLLM_PAGE = (Path(__file__).parent / "data" / "metrics" / "vllm-0.32-cpu-under-load.prom").read_bytes()
+
+
+def test_parse_in_a_worker_process_reads_what_the_thread_reads(caplog):
+    """`attach` parses each /metrics page in a worker process (~15 ms of Python a vLLM page,
+    which in the scrape thread would hold the GIL the proxy relays with): the same sample, config
+    and engine as parsing in the thread; the worker runs below the sidecar; a worker that dies
+    costs no scrape (that page is parsed in the thread, the next in a new worker)."""
+    handler = type("H", (_Slow,), {"delay_s": 0.0, "page": VLLM_PAGE})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    here, there = ScrapeCollector(url), ScrapeCollector(url, parse_in_process=True)
+    try:
+        a, b = here.collect(1000.0), there.collect(1000.0)
+        assert a == b and a[-1].values and there.engine == here.engine == "vllm"
+        worker = next(iter(there._parse_pool._processes))
+        assert worker != os.getpid()
+        assert_runs_below_us(worker)
+        os.kill(worker, signal.SIGKILL)
+        time.sleep(0.2)
+        with caplog.at_level("WARNING"):
+            c = there.collect(1001.0)
+        assert c[-1].values == here.collect(1001.0)[-1].values
+        assert any("parse worker failed" in r.getMessage() for r in caplog.records)
+        there.collect(1002.0)
+        assert next(iter(there._parse_pool._processes)) != worker
+    finally:
+        there.close()
+        srv.shutdown()

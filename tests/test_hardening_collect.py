@@ -24,6 +24,8 @@ from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.scrape import MAX_BODY_BYTES, ScrapeCollector
 from kvdoctor.testing.llama_server import free_port
 
+from conftest import assert_runs_below_us
+
 LLAMA_PAGE = b"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n" \
              b"# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 10\n"
 VLLM_PAGE = (b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 1\n"
@@ -285,6 +287,8 @@ def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
             with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
                 pages.append(r.read())
         assert agent.reports_rendered == 1 and pages[0] == pages[1] == pages[2] and b"<html" in pages[0].lower()
+        # the render process yields the cores to the relay and the engine when they are busy
+        assert_runs_below_us(next(iter(agent._render_pool._processes)))
         # a browser (or anything that accepts gzip) gets the page compressed in the render process,
         # so the loop writes ~1.5 MB of ready bytes instead of encoding ~5 MB of text per request
         req = urllib.request.Request(f"{api}/report", headers={"Accept-Encoding": "gzip, deflate"})

@@ -15,7 +15,7 @@ from kvdoctor.diagnosis.live import LiveDiagnoser
 from kvdoctor.model import RequestRecord
 from kvdoctor.sidecar.live_worker import LiveWorker, record_time_s
 
-from conftest import CASES, request_records
+from conftest import CASES, assert_runs_below_us, request_records
 
 
 def _replay(case, step_s=10.0):
@@ -136,6 +136,8 @@ def test_worker_process_steps_as_the_diagnoser_does():
             assert res.percentiles.get("kvdoctor_ttft_seconds", {}).get("0.99", np.nan) == \
                 pytest.approx(local.last_window.value("ttft_p99_s"), nan_ok=True)
             opened_any |= bool(opened)
+        # the worker yields the cores to the relay and the engine when they are busy
+        assert_runs_below_us(next(iter(worker._pool._processes)))
         assert opened_any and res.incidents and not any(i.open for i in res.incidents)
         # kill the worker: that step fails, the next starts a new worker on the whole recent past
         now = steps[len(steps) // 3]

@@ -14,6 +14,9 @@ import click
 
 from ..errors import InputError
 
+#: the longest the relay's event loop waits for the GIL while another thread of the sidecar holds it
+GIL_SWITCH_S = 0.0005
+
 
 def _engine_config(items: tuple[str, ...]) -> dict:
     out = {}
@@ -30,7 +33,7 @@ def _collectors(server_url: str, gpu: str, pid: int | None, scrape_interval: flo
                 nvml_replay: str | None, scrape: bool):
     from ..collect.scrape import ScrapeCollector
 
-    out = [ScrapeCollector(server_url, interval_s=scrape_interval)] if scrape else []
+    out = [ScrapeCollector(server_url, interval_s=scrape_interval, parse_in_process=True)] if scrape else []
     port = urlparse(server_url).port
     host = None
     try:
@@ -165,6 +168,10 @@ def command(server_url, proxy, otlp_receiver, otlp_grpc_receiver, capture_dir, l
     # a stall the proxy's streams would feel in their P99)
     gc.collect()
     gc.freeze()
+    # a thread of ours holding the GIL (the capture writer encoding, a scrape being parsed, a
+    # live step's records pickled) keeps the relay's loop waiting until it lets go: at most
+    # this long, not CPython's default 5 ms, which a stream's TTFT would carry whole
+    sys.setswitchinterval(GIL_SWITCH_S)
     _run_loop(agent.run())
     problem = agent.capture_problem()
     if problem:  # the run itself went fine; say what the capture lacks, and exit non-zero for it

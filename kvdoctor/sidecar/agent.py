@@ -217,6 +217,10 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             if self.otel:
                 self.otel.shutdown()
             self._pool.shutdown(wait=False, cancel_futures=True)
+            for c in self.cfg.collectors:
+                close = getattr(c, "close", None)
+                if close is not None:
+                    close()
             self.live_worker.close()
             if self._render_pool is not None:
                 self._render_pool.shutdown(wait=False, cancel_futures=True)

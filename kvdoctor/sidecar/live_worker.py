@@ -12,16 +12,13 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
-import multiprocessing
-import os
-import threading
-import time
 from typing import Any
 
 from ..capture.memory import from_records
 from ..diagnosis import Incident, Options, Rule
 from ..diagnosis.live import LiveDiagnoser
 from ..model import CaptureMeta
+from ..workers import worker_pool
 
 log = logging.getLogger("kvdoctor.attach")
 
@@ -73,22 +70,7 @@ class _State:  # the worker process's one diagnoser
     past: RecentPast
 
 
-def exit_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
-    """In a worker process: exit when the agent (``parent_pid``, passed in: it may be gone
-    before the worker has started) is gone. A SIGKILLed agent leaves its workers blocked on
-    their call queue (each holds both ends of it, so it never reads EOF), and with them the
-    agent's stdout and stderr, so whoever waits on those would wait forever."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(poll_s)
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True, name="kvdoctor-parent-watch").start()
-
-
-def _init(parent_pid: int, rules: list[Rule], options: Options, keep_s: float) -> None:
-    exit_with_parent(parent_pid)
+def _init(rules: list[Rule], options: Options, keep_s: float) -> None:
     _State.live, _State.past = LiveDiagnoser(rules, options), RecentPast(keep_s)
 
 
@@ -143,8 +125,7 @@ class LiveWorker:
         """One step in the worker process (blocks: call it from a thread). ``meta``: the capture's
         as of now (the agent learns the engine and its config while it runs)."""
         if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_init, initargs=(os.getpid(), *self._args))
+            self._pool = worker_pool(_init, *self._args)
         try:
             return self._pool.submit(_step, meta, new, in_flight, now_s).result(timeout=timeout_s)
         except concurrent.futures.process.BrokenProcessPool:

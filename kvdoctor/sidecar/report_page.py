@@ -4,7 +4,6 @@ REPORT_REUSE_S (the page says when it was rendered)."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from typing import Any
 
 from ..capture.queued import QueuedWriter
 from ..diagnosis import Options, Rule
-from .live_worker import exit_with_parent
+from ..workers import worker_pool
 
 REPORT_TIMEOUT_S = 120.0
 #: a page is reused this long even when records arrived since: a render is a second or more of a
@@ -56,11 +55,7 @@ class ReportPage:
             # in a process of its own: rendering is seconds of Python, and in a thread it would
             # hold the GIL the proxy relays with (measured: hundreds of ms added to TTFT P99)
             if self._render_pool is None:
-                import multiprocessing
-
-                self._render_pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
-                    initargs=(os.getpid(),))
+                self._render_pool = worker_pool()
             html = self._render_pool.submit(_render_report, str(self.cfg.capture_dir), self.cfg.rules,
                                             self.cfg.options).result(timeout=REPORT_TIMEOUT_S)
             self._report_cache = (key, time.monotonic(), html)

@@ -220,7 +220,7 @@ class AttachedAgent:
         cfg = AttachConfig(server_url=server_url, capture_dir=capture, listen=None, proxy=f"127.0.0.1:{self.proxy_port}",
                            rules=load_rules(), options=Options(lookback_s=300, step_s=step_s),
                            engine_config=dict(engine_config or {}),
-                           collectors=[ScrapeCollector(server_url, interval_s=1.0)] * scrape + [HostCollector(pid=server_pid)],
+                           collectors=[ScrapeCollector(server_url, interval_s=1.0, parse_in_process=True)] * scrape + [HostCollector(pid=server_pid)],
                            **attach)
         self.agent = Agent(cfg)
         self.loop = asyncio.new_event_loop()
