@@ -44,20 +44,47 @@ def main() -> None:
         _wait_port(pport)
         ps = psutil.Process(proc.pid)
         time.sleep(3)  # start-up (imports) is not the steady state
-        c0, t0, peak = ps.cpu_times(), time.monotonic(), 0
+        c0, t0, peak, workers_peak = ps.cpu_times(), time.monotonic(), 0, 0
+        workers: dict[int, psutil.Process] = {}
+        workers_rss: dict[int, int] = {}
         end = t0 + args.seconds
         while time.monotonic() < end:
             if args.traffic:
                 asyncio.run(loadgen.run_load(f"http://127.0.0.1:{pport}", loadgen.short_prompts(1, max_tokens=8), 1))
             peak = max(peak, ps.memory_info().rss)
+            for w in ps.children(recursive=True):  # the worker processes (live step, /metrics parse)
+                workers.setdefault(w.pid, w)
+            for pid, w in workers.items():
+                workers_rss[pid] = max(workers_rss.get(pid, 0), _rss(w))
+            workers_peak = max(workers_peak, sum(_rss(w) for w in workers.values()))
             time.sleep(2)
         c1, t1 = ps.cpu_times(), time.monotonic()
+        # their CPU while alive: a worker's times are not in the agent's until it is reaped
+        workers_cpu_s = sum(_cpu_s(w) for w in workers.values())
         proc.terminate()
         proc.wait(30)
     cpu = (c1.user + c1.system - c0.user - c0.system) / (t1 - t0) * 100
     mode = "GPU replay 10 Hz + host 1 Hz + scrape 1 Hz" if args.nvml_replay else "host 1 Hz + scrape 1 Hz (no GPU)"
     print(f"sidecar over {t1 - t0:.0f} s, {mode}{', traffic 0.5 req/s' if args.traffic else ''}:")
     print(f"  CPU {cpu:.2f}% of one core (target <= 2%)   peak RSS {peak / 2**20:.0f} MiB (target <= 100 MiB)")
+    print(f"  worker processes: {len(workers)}, CPU {workers_cpu_s / (t1 - t0) * 100:.2f}% of one core (since their start), "
+          f"peak RSS together {workers_peak / 2**20:.0f} MiB, each "
+          f"{', '.join(f'{v / 2**20:.0f}' for v in sorted(workers_rss.values(), reverse=True))} MiB")
+
+
+def _rss(p: psutil.Process) -> int:
+    try:
+        return p.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+def _cpu_s(p: psutil.Process) -> float:
+    try:
+        t = p.cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
 
 
 if __name__ == "__main__":
