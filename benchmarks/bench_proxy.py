@@ -14,8 +14,8 @@ A. real llama-server (SmolLM2-135M, ``-np 4``), short prompts, ``max_tokens`` 32
    for every target (llama.cpp closes the connection after each streamed response anyway).
    On a small shared CPU this includes the model's own noise.
 B. a fake SSE upstream that stamps each event with its send time (``time.time()``),
-   ``--fake-events`` (2) events 2 ms apart, ``--n-fake`` (10,000) requests: the added latency per chunk (receive - send) and added TTFT,
-   without model noise. This is the precise overhead figure: "added TTFT" here is the
+   ``--fake-events`` (2) events 2 ms apart, ``--n-fake`` (10,000) requests: the added
+   latency per chunk (receive - send) and added TTFT, without model noise. This is the precise overhead figure: "added TTFT" here is the
    difference in (request in transit + first chunk in transit), both stamped exactly.
    Keep-alive client connections.
 C. 32 concurrent streams against llama-server through each target: every response must
@@ -24,7 +24,8 @@ C. 32 concurrent streams against llama-server through each target: every respons
 
 Target ``attach`` (parts A and B; ``--no-attach`` leaves it out) is the real sidecar path:
 ``kvdoctor attach --server UPSTREAM --proxy ...`` with its capture writer, /metrics scrape (every
-second; in part B the fake upstream serves a recorded vLLM 0.32 page), live evaluation (every second) on, and ``/report`` requested every second throughout.
+second; in part B the fake upstream serves a recorded vLLM 0.32 page), live evaluation (every
+second) on, and ``/report`` requested every second throughout.
 The verdict prints its added TTFT P99 and its ratio to nginx's, from the one run.
 
 Targets: added TTFT P99 <= 2 ms and <= 1.5x nginx's. nginx must be installed

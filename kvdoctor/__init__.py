@@ -26,5 +26,6 @@ def __getattr__(name: str) -> Any:
     if name in ("Capture", "CaptureWriter", "load"):
         from . import capture
 
-        return getattr(capture, name)
+        value = globals()[name] = getattr(capture, name)  # found directly from now on
+        return value
     raise AttributeError(f"module 'kvdoctor' has no attribute {name!r}")

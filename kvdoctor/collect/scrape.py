@@ -18,6 +18,7 @@ from ..engines import llamacpp_config_from_props, parse_scrape
 from ..engines.vllm import vllm_config_from_models
 from ..errors import InputError
 from ..model import EngineSample, Event
+from ..workers import worker_pool
 from .base import SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -162,8 +163,6 @@ class ScrapeCollector:
         if not self.parse_in_process:
             return parse_scrape(text, now_s, self.server)
         if self._parse_pool is None:
-            from ..workers import worker_pool
-
             self._parse_pool = worker_pool()
         try:
             return self._parse_pool.submit(parse_scrape, text, now_s, self.server).result(timeout=PARSE_TIMEOUT_S)
