@@ -209,3 +209,86 @@ def test_a_client_leaving_mid_body_is_a_cancelled_record_not_an_upstream_failure
     (rec,) = sink.records
     assert rec.status == "cancelled" and stats["upstream_errors"] == 0
     assert sink.status.get("proxy", (True, ""))[0] is not False
+
+
+def test_a_request_whose_body_is_in_is_sent_on_from_the_read_callback_before_its_handler_starts():
+    """``early`` runs once the whole body is in, before the handler's task; a chunked body goes
+    to the handler at its head (to stream), a pipelined request waits its turn without it."""
+    from kvdoctor.collect.proxy_server import ProxyServer
+
+    seen: list[tuple] = []
+
+    def early(request):
+        seen.append(("early", request.target, request.body_if_complete()))
+        return "sent"
+
+    async def handler(request, reply):
+        body = await request.read() if request.early is None else b""
+        seen.append(("handler", request.target, request.early, body))
+        reply.respond(200, b"", [], b"ok")
+
+    async def main():
+        server = ProxyServer(handler, early, whole_body_max=1 << 20)
+        port = await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+                     b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+        out = [await _read_response(reader) for _ in range(2)]
+        writer.write(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        out.append(await _read_response(reader))
+        writer.close()
+        await server.close()
+        return out
+
+    out = run(main())
+    assert [s for s, _, _ in out] == [200, 200, 200]
+    assert seen == [("early", b"/a", b"hello"), ("handler", b"/a", "sent", b""),
+                    ("handler", b"/b", None, b"hi"),  # pipelined: handled in turn, body read then
+                    ("handler", b"/c", None, b"abc")]  # chunked: to the handler at its head
+
+
+def test_a_request_sent_on_early_whose_client_leaves_is_a_cancelled_record_and_frees_the_upstream():
+    """The request left for the upstream from the read callback; its client closes before the
+    answer: the answer is still taken (a record, status cancelled), and the upstream connection
+    is closed, not pooled with an answer half read."""
+    served: list[str] = []
+
+    async def slow_chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        served.append(request.path)
+        await asyncio.sleep(0.3)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+        return resp
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", slow_chat)
+        sink = ListSink()
+        async with Started(app) as up:
+            server = make_proxy(up, sink)
+            port = await server.start("127.0.0.1", 0)
+            body = b'{"messages": [{"role": "user", "content": "hi"}], "stream": true}'
+            req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(req)  # the first: opens the upstream connection the second is sent on
+            await _read_response(reader)
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(req)
+            await writer.drain()
+            writer.close()
+            for _ in range(200):
+                if len(sink.records) == 2:
+                    break
+                await asyncio.sleep(0.02)
+            idle = list(server.proxy.client._idle)
+            await server.close()
+        return sink, served, idle, server.proxy.stats
+
+    sink, served, idle, stats = run(main())
+    assert served == ["/v1/chat/completions"] * 2
+    assert [r.status for r in sink.records] == ["ok", "cancelled"]
+    assert stats["upstream_errors"] == 0 and idle == []

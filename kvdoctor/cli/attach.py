@@ -159,6 +159,7 @@ def command(server_url, proxy, otlp_receiver, otlp_grpc_receiver, capture_dir, l
         otlp_endpoint=otlp_endpoint, store_text=store_text, engine_config=_engine_config(engine_config),
         max_capture_bytes=max_capture_bytes, duration_s=duration,
         collectors=_collectors(server_url, gpu, pid, scrape_interval, gpu_interval, nvml_replay, not no_scrape),
+        gc_between_requests=True,
     )
     _limit_malloc_arenas()
     logging.getLogger("kvdoctor.attach").info("capturing to %s (Ctrl-C to stop)", capture)

@@ -171,16 +171,37 @@ class _Proxy:
             return
         self._emit(an, body)
 
+    def early(self, request: Request) -> tuple[Any, ...]:
+        """The server's early step (a request whose whole body is in): send it on now, in the read
+        callback, before the handler's task starts."""
+        return self._forward(request, request.body_if_complete() or b"")
+
+    def _forward(self, request: Request, body: bytes, send: bool = True) -> tuple[Any, ...]:
+        """Write a request with its whole body upstream at once on an idle pooled connection (its
+        bookkeeping follows while the upstream works on it); ``sent`` None: no connection was idle
+        (or not ``send``: a streamed body, which :meth:`_handle` sends). The request's arrival is
+        when its head was complete, not its body."""
+        out = (request.method.encode(), self.prefix + request.target, _end_to_end(request.headers, _REQ_DROP))
+        sent = self.client.begin(*out, body) if send else None
+        return *request.head_s, body, out, sent, time.monotonic()
+
     async def handle(self, request: Request, reply: Reply) -> None:
-        arrival, arrival_mono = time.time(), time.perf_counter()
         self.stats["requests"] += 1
-        declared = request.content_length
-        if (declared is not None and declared > MAX_ANALYSED_BODY) or (declared is None and request.chunked):
-            # a body too large to analyse (or of unknown length) is streamed upstream as it
-            # arrives, never held whole: the record keeps its timings, not its prompt stats
-            body, stream = b"", request
+        stream: Request | None = None
+        if request.early is not None:
+            arrival, arrival_mono, body, out, sent, t_send = request.early
         else:
-            body, stream = await request.read(), None
+            declared = request.content_length
+            if (declared is not None and declared > MAX_ANALYSED_BODY) or (declared is None and request.chunked):
+                # a body too large to analyse (or of unknown length) is streamed upstream as it
+                # arrives, never held whole: the record keeps its timings, not its prompt stats
+                stream = request
+                body = b""
+            else:
+                body = request.body_if_complete()
+                if body is None:
+                    body = await request.read()
+            arrival, arrival_mono, body, out, sent, t_send = self._forward(request, body, send=stream is None)
         kind = ANALYSED_PATHS.get(request.path) if request.method == "POST" else None
         an: StreamAnnotator | None = None
         if kind is not None:
@@ -195,21 +216,22 @@ class _Proxy:
         if an is not None:
             self.in_flight[id(an)] = an
         try:
-            await self._handle(request, reply, body, an, stream)
+            await self._handle(request, reply, body, an, stream, out, sent, t_send)
         finally:
             if an is not None:
                 self.in_flight.pop(id(an), None)
 
     async def _handle(self, request: Request, reply: Reply, body: bytes, an: StreamAnnotator | None,
-                      stream: Request | None = None) -> None:
-        method = request.method.encode()
-        target = self.prefix + request.target
-        headers = _end_to_end(request.headers, _REQ_DROP)
+                      stream: Request | None, out: tuple[bytes, bytes, list[tuple[bytes, bytes]]],
+                      sent: Response | None, t_send: float) -> None:
+        method, target, headers = out
         length = request.content_length if stream is not None else None  # the client's framing, else chunked
         try:
-            t_send = time.monotonic()
             try:
-                up = await self.client.send(method, target, headers, body, stream, length)
+                if sent is not None:
+                    up = await self.client.head(sent)
+                else:
+                    up = await self.client.send(method, target, headers, body, stream, length)
             except ConnectionError:  # only from a streamed body: the client left while sending it
                 if an is not None:
                     self._abort(an, body, "cancelled", "client disconnected during the request body")
@@ -325,7 +347,7 @@ def make_proxy(upstream_url: str, sink: Any, *, store_text: bool = False,
     completion request (see module doc). ``server.proxy`` holds its ``stats`` and in-flight
     requests. ``server_label`` (default ``host:port`` of the upstream) goes into ``record.server``."""
     proxy = _Proxy(upstream_url, sink, store_text, block_chars, server_label)
-    server = ProxyServer(proxy.handle)
+    server = ProxyServer(proxy.handle, proxy.early, whole_body_max=MAX_ANALYSED_BODY)
     server.proxy = proxy
     server.on_close.append(proxy.client.close)
     return server

@@ -24,7 +24,7 @@ class Request:
     :meth:`iter_any`."""
 
     __slots__ = ("method", "target", "path", "headers", "version", "keep_alive", "content_length",
-                 "chunked", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes")
+                 "chunked", "head_s", "early", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes", "_deferred")
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -41,6 +41,11 @@ class Request:
         self._done = False
         self._waiter: asyncio.Future[None] | None = None
         self._head_bytes = 0
+        #: when its head was complete: ``(time.time(), time.perf_counter())``
+        self.head_s = (0.0, 0.0)
+        #: what the server's ``early`` step returned for this request (None: it did not run)
+        self.early: Any = None
+        self._deferred = False
 
     def header(self, name: bytes) -> bytes | None:
         """The first header of that (lower-case) name, or None."""
@@ -86,6 +91,17 @@ class Request:
             else:
                 self._waiter = asyncio.get_running_loop().create_future()
                 await self._waiter
+
+    def body_if_complete(self) -> bytes | None:
+        """The whole body, taken without a wait, when all of it has arrived (the common case: head
+        and body in one read); else None (then :meth:`read`)."""
+        if not self._done:
+            return None
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._queued = 0
+        self._conn.resume_reading()
+        return data
 
     async def read(self) -> bytes:
         """The whole body (the caller bounds its size by ``content_length`` first)."""

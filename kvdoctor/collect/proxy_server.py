@@ -3,13 +3,17 @@
 and header serialisation cost ~0.2 ms a request on the relay's critical path (measured, see
 docs/proxy.md).
 
-    server = ProxyServer(handler)         # async def handler(request: Request, reply: Reply)
+    server = ProxyServer(handler, early)  # async def handler(request: Request, reply: Reply)
     port = await server.start("127.0.0.1", 0)
     ...
     await server.close(grace_s=2.0)
 
 Per connection, one request is handled at a time; pipelined requests wait their turn (reading from
-the client pauses meanwhile). Request bodies are handed over as they arrive, with a high-water mark
+the client pauses meanwhile). ``early(request)`` (optional, synchronous) runs in the read callback
+as soon as a request's whole body is in, before the handler's task starts (a relay sends the request
+on there: a task start and a loop step less before the bytes leave); what it returns is
+``request.early``. Only for a request served at once whose body is declared at most
+``whole_body_max`` bytes; a larger or chunked body goes to the handler at its head, to stream. Request bodies are handed over as they arrive, with a high-water mark
 that pauses reading from the client. A request head over :data:`MAX_HEAD_BYTES` or
 :data:`MAX_HEADERS` lines gets 431, one the parser rejects 400, both with ``Connection: close``.
 Response framing (:class:`~kvdoctor.collect.proxy_exchange.Reply`): the upstream's
@@ -57,6 +61,11 @@ class _Conn(asyncio.Protocol):
         self._bad = False
         #: when the connection last had nothing to do (ProxyServer._sweep closes it after KEEPALIVE_S)
         self.idle_since = time.monotonic()
+
+    def _start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._serve())
+        self.server._tasks.add(self._task)
+        self._task.add_done_callback(self.server._tasks.discard)
 
     @property
     def idle(self) -> bool:
@@ -147,6 +156,7 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         r, p = self._req, self.parser
+        r.head_s = (time.time(), time.perf_counter())
         r.method = p.get_method().decode("ascii", "replace")
         r.version = p.get_http_version()
         r.keep_alive = p.should_keep_alive()
@@ -168,9 +178,11 @@ class _Conn(asyncio.Protocol):
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._queue.append(r)
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._serve())
-            self.server._tasks.add(self._task)
-            self._task.add_done_callback(self.server._tasks.discard)
+            srv = self.server
+            if srv.early is not None and not r.chunked and (r.content_length or 0) <= srv.whole_body_max:
+                r._deferred = True  # started once the body is in (on_message_complete)
+            else:
+                self._start()
         else:  # pipelined behind a request still being answered: take nothing more until then
             self.pause_reading()
 
@@ -178,13 +190,24 @@ class _Conn(asyncio.Protocol):
         self._req._feed(body)
 
     def on_message_complete(self) -> None:
-        self._req._finish()
+        r = self._req
+        r._finish()
         self._req = None
+        if r._deferred:
+            r._deferred = False
+            try:
+                r.early = self.server.early(r)  # type: ignore[misc]
+            except Exception as e:  # noqa: BLE001 - the handler then does it all itself
+                log.error("proxy: the early step failed for %s %s: %s: %s", r.method, r.path[:80],
+                          type(e).__name__, e, exc_info=e)
+            self._start()
 
     # ---- the requests, one at a time
     async def _serve(self) -> None:
-        while self._queue and not self.lost:
+        while self._queue:
             req = self._queue[0]
+            if self.lost and req.early is None:
+                break  # a request already sent on (early) is still answered: its record says cancelled
             reply = Reply(self, req)
             try:
                 await self.server.handler(req, reply)
@@ -225,8 +248,11 @@ class _Refused(Exception):
 class ProxyServer:
     """Listens and serves ``handler`` (``async (Request, Reply) -> None``) on every connection."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, early: Callable[[Request], Any] | None = None,
+                 whole_body_max: int = 0) -> None:
         self.handler = handler
+        self.early = early
+        self.whole_body_max = whole_body_max
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[_Conn] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -238,6 +264,11 @@ class ProxyServer:
         self.proxy: Any = None
         #: called once at close, after the connections (the proxy closes its upstream pool here)
         self.on_close: list[Callable[[], None]] = []
+
+    @property
+    def busy(self) -> bool:
+        """A request is being answered (or waits its turn) on some connection."""
+        return bool(self._tasks)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on ``host:port`` (0: any free port); return the bound port. OSError if taken."""

@@ -24,7 +24,7 @@ import ipaddress
 import socket
 import ssl
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import httptools
 from yarl import URL
@@ -202,6 +202,13 @@ class UpstreamClient:
                 c.transport.close()
         return None
 
+    def begin(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> Response | None:
+        """The relay's hot path: write a request with its whole ``body`` now, on a pooled connection,
+        before anything else is done for it; None when no connection is idle (then :meth:`send`).
+        Its head: ``await client.head(r)``."""
+        conn = self._pooled()
+        return None if conn is None else self._write(conn, method, target, headers, body, None, None)
+
     async def send(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
                    body: bytes | None = None, stream: Any = None, stream_length: int | None = None,
                    fresh: bool = False) -> Response:
@@ -213,10 +220,24 @@ class UpstreamClient:
         conn = None if fresh else self._pooled()
         if conn is None:
             conn = await self._connect()
+        r = self._write(conn, method, target, headers, body, stream, stream_length)
+        if stream is not None:
+            try:
+                await self._send_stream(conn, stream, stream_length is None)
+            except _SourceFailed as e:
+                conn.transport.close()  # type: ignore[union-attr]
+                raise e.__cause__ from None  # type: ignore[misc]
+            except BaseException as e:
+                self._head_failed(r, e)
+        return await self.head(r)
+
+    def _write(self, conn: _Conn, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+               body: bytes | None, stream: Any, stream_length: int | None) -> Response:
+        """Start the exchange on ``conn``: the head (and ``body``) written at once."""
         r = Response(conn, head_only=method == b"HEAD")
         conn.parser = httptools.HttpResponseParser(r)
         conn.response = r
-        was_used, conn.used = conn.used, True
+        r.pooled, conn.used = conn.used, True
         head = [method, b" ", target, b" HTTP/1.1\r\nHost: ", self.host_header, b"\r\n"]
         for k, v in headers:
             head += (k, b": ", v, b"\r\n")
@@ -233,25 +254,30 @@ class UpstreamClient:
                 conn.transport.writelines((b"".join(head), body))
             else:
                 conn.transport.write(b"".join(head))
-            if stream is not None:
-                await self._send_stream(conn, stream, stream_length is None)
-            await r._head
-        except _SourceFailed as e:
+        except (ConnectionError, OSError, RuntimeError) as e:  # a transport closing under us
+            conn.reusable = False
             conn.transport.close()
-            raise e.__cause__ from None  # type: ignore[misc]
-        except ClosedEarly as e:
-            conn.transport.close()
-            raise ClosedEarly(str(e) + (" (a pooled connection)" if was_used else "")) from None
-        except UpstreamError:
-            conn.transport.close()
-            raise
-        except (ConnectionError, OSError) as e:
-            conn.transport.close()
-            raise ClosedEarly(f"connection lost while sending: {type(e).__name__}") from None
-        except BaseException:
-            conn.transport.close()
-            raise
+            r._fail(ClosedEarly(f"connection lost while sending: {type(e).__name__}"))
         return r
+
+    async def head(self, r: Response) -> Response:
+        """Wait for the response head of a request written by :meth:`begin` or :meth:`send`."""
+        try:
+            await r._head
+        except BaseException as e:
+            self._head_failed(r, e)
+        return r
+
+    def _head_failed(self, r: Response, e: BaseException) -> NoReturn:
+        """The exchange failed before its head: close the connection, raise what the caller expects."""
+        r._conn.transport.close()  # type: ignore[union-attr]
+        if isinstance(e, ClosedEarly):
+            raise ClosedEarly(str(e) + (" (a pooled connection)" if r.pooled else "")) from None
+        if isinstance(e, UpstreamError):
+            raise e
+        if isinstance(e, (ConnectionError, OSError)):
+            raise ClosedEarly(f"connection lost while sending: {type(e).__name__}") from None
+        raise e
 
     async def _send_stream(self, conn: _Conn, stream: Any, chunked: bool) -> None:
         assert conn.transport is not None

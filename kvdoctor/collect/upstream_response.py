@@ -50,7 +50,7 @@ class Response:
 
     __slots__ = ("status", "reason", "headers", "complete", "_chunks", "_buffered", "_exc", "_waiter",
                  "_conn", "_head", "_head_bytes", "_reason_parts", "_head_only",
-                 "_delimited", "_paused", "keep_alive", "content_type")
+                 "_delimited", "_paused", "keep_alive", "content_type", "pooled")
 
     def __init__(self, conn: "_Conn", head_only: bool) -> None:
         self.status = 0
@@ -75,6 +75,8 @@ class Response:
         #: the server allows another request on this connection (read at the head: llhttp
         #: resets the flag once the message is complete)
         self.keep_alive = False
+        #: sent on a connection that carried an exchange before (which the server may have closed)
+        self.pooled = False
 
     async def read(self) -> bytes:
         """The body bytes arrived since the last call, joined (waits for some); ``b""`` at its

@@ -85,6 +85,9 @@ class AttachConfig:
     duration_s: float | None = None
     collectors: list[PolledCollector] = field(default_factory=list)
     on_change: Callable[[str, Incident], None] | None = None
+    #: garbage collection from a loop timer while no proxied request is in flight, not in the
+    #: middle of one (kvdoctor.idle_gc; process-wide, so the CLI turns it on, not a library user)
+    gc_between_requests: bool = False
 
 
 class Agent(Recording, LiveDiagnosis, ReportPage):
@@ -193,8 +196,14 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             from .otel_export import OtelExport
 
             self.otel = OtelExport(self.cfg.otlp_endpoint)
+        idle_gc = None
         try:
             await self._start_http()
+            if self.cfg.gc_between_requests:
+                from ..idle_gc import IdleCollector
+
+                idle_gc = IdleCollector(busy=lambda: self._proxy_server is not None and self._proxy_server.busy)
+                idle_gc.start(loop)
             tasks = [asyncio.create_task(self._poll(c)) for c in self.cfg.collectors]
             tasks.append(asyncio.create_task(self._diagnose_loop()))
             if self.cfg.duration_s:
@@ -204,6 +213,8 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            if idle_gc is not None:
+                idle_gc.close()
             if self._proxy_server is not None:
                 await self._proxy_server.close(SHUTDOWN_GRACE_S)
             for runner in self._runners:
