@@ -174,22 +174,22 @@ class _Proxy:
     def early(self, request: Request) -> tuple[Any, ...]:
         """The server's early step (a request whose whole body is in): send it on now, in the read
         callback, before the handler's task starts."""
-        return self._forward(request, request.body_if_complete() or b"")
+        return self._forward(request, request.body_if_complete())
 
     def _forward(self, request: Request, body: bytes, send: bool = True) -> tuple[Any, ...]:
         """Write a request with its whole body upstream at once on an idle pooled connection (its
         bookkeeping follows while the upstream works on it); ``sent`` None: no connection was idle
-        (or not ``send``: a streamed body, which :meth:`_handle` sends). The request's arrival is
-        when its head was complete, not its body."""
+        (or not ``send``: a streamed body, which :meth:`_handle` sends)."""
         out = (request.method.encode(), self.prefix + request.target, _end_to_end(request.headers, _REQ_DROP))
         sent = self.client.begin(*out, body) if send else None
-        return *request.head_s, body, out, sent, time.monotonic()
+        return body, out, sent, time.monotonic()
 
     async def handle(self, request: Request, reply: Reply) -> None:
         self.stats["requests"] += 1
+        arrival, arrival_mono = request.head_s  # its arrival: the head, not the body's end
         stream: Request | None = None
         if request.early is not None:
-            arrival, arrival_mono, body, out, sent, t_send = request.early
+            body, out, sent, t_send = request.early
         else:
             declared = request.content_length
             if (declared is not None and declared > MAX_ANALYSED_BODY) or (declared is None and request.chunked):
@@ -197,11 +197,9 @@ class _Proxy:
                 # arrives, never held whole: the record keeps its timings, not its prompt stats
                 stream = request
                 body = b""
-            else:
-                body = request.body_if_complete()
-                if body is None:
-                    body = await request.read()
-            arrival, arrival_mono, body, out, sent, t_send = self._forward(request, body, send=stream is None)
+            else:  # a pipelined request (its turn came after its body), or the early step failed
+                body = await request.read()
+            body, out, sent, t_send = self._forward(request, body, send=stream is None)
         kind = ANALYSED_PATHS.get(request.path) if request.method == "POST" else None
         an: StreamAnnotator | None = None
         if kind is not None:

@@ -13,9 +13,10 @@ the client pauses meanwhile). ``early(request)`` (optional, synchronous) runs in
 as soon as a request's whole body is in, before the handler's task starts (a relay sends the request
 on there: a task start and a loop step less before the bytes leave); what it returns is
 ``request.early``. Only for a request served at once whose body is declared at most
-``whole_body_max`` bytes; a larger or chunked body goes to the handler at its head, to stream. Request bodies are handed over as they arrive, with a high-water mark
-that pauses reading from the client. A request head over :data:`MAX_HEAD_BYTES` or
-:data:`MAX_HEADERS` lines gets 431, one the parser rejects 400, both with ``Connection: close``.
+``whole_body_max`` bytes; a larger or chunked body goes to the handler at its head, to stream.
+Request bodies are handed over as they arrive, with a high-water mark that pauses reading from the
+client. A request head over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` lines gets 431, one the
+parser rejects 400, both with ``Connection: close``.
 Response framing (:class:`~kvdoctor.collect.proxy_exchange.Reply`): the upstream's
 ``Content-Length`` when it sent one, else chunked to an HTTP/1.1 client, else (HTTP/1.0) the body
 ends with the connection.

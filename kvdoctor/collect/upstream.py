@@ -254,8 +254,7 @@ class UpstreamClient:
                 conn.transport.writelines((b"".join(head), body))
             else:
                 conn.transport.write(b"".join(head))
-        except (ConnectionError, OSError, RuntimeError) as e:  # a transport closing under us
-            conn.reusable = False
+        except (ConnectionError, OSError) as e:
             conn.transport.close()
             r._fail(ClosedEarly(f"connection lost while sending: {type(e).__name__}"))
         return r
