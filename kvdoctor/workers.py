@@ -48,3 +48,18 @@ def worker_pool(init: Callable[..., None] | None = None, *init_args: Any) -> con
     return concurrent.futures.ProcessPoolExecutor(
         max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
         initargs=(os.getpid(), init, init_args))
+
+
+def stop_pool(pool: concurrent.futures.ProcessPoolExecutor, kill: bool = False) -> None:
+    """Shut ``pool`` down without waiting. ``kill``: also end its worker now (SIGKILL): one that
+    timed out may be stuck in its call for good, and ``shutdown`` alone would leave it running
+    (a core spent, its memory held) beside the worker that replaces it."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown clears it
+    pool.shutdown(wait=False, cancel_futures=True)
+    if kill:
+        for p in procs:
+            try:
+                if p.is_alive():
+                    p.kill()
+            except (OSError, ValueError):  # already gone, or closed
+                pass

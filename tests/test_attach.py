@@ -99,6 +99,10 @@ def test_capture_matches_client_and_endpoints_serve(server, tmp_path, wait_for):
             _get(f"{api}/metrics")
         assert e.value.code == 401
         assert json.loads(_get(f"{api}/healthz")[1])["status"] == "ok"  # health needs no token
+        # the CLI moves garbage collections between proxied requests, and says how many ran
+        gc_ = wait_for(lambda: (lambda g: g if sum(g.get("collections", {}).values()) >= 1 else None)(
+            json.loads(_get(f"{api}/healthz")[1])["gc"]), what="a collection between requests")
+        assert gc_["mode"] == "between_requests" and gc_["forced_while_busy"] >= 0
         assert "incidents" in json.loads(_get(f"{api}/incidents", "s3cret")[1])
     finally:
         proc.send_signal(signal.SIGTERM)

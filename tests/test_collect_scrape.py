@@ -101,3 +101,37 @@ def test_parse_in_a_worker_process_reads_what_the_thread_reads(caplog):
     finally:
         there.close()
         srv.shutdown()
+
+
+def test_a_parse_worker_that_times_out_is_ended_not_left_running(monkeypatch):
+    """A parse that outlives PARSE_TIMEOUT_S (a worker stuck for good) costs that scrape's wait
+    only: the page is parsed in the sidecar, and the stuck worker is ended at once, not left
+    running beside its replacement (a core and its memory held for as long as it is stuck)."""
+    import psutil
+
+    import kvdoctor.collect.scrape as scrape
+
+    handler = type("H", (_Slow,), {"delay_s": 0.0, "page": VLLM_PAGE})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    c = ScrapeCollector(f"http://127.0.0.1:{srv.server_address[1]}", parse_in_process=True)
+    try:
+        assert c.collect(1000.0)[-1].values
+        worker = next(iter(c._parse_pool._processes))
+        c._parse_pool.submit(time.sleep, 120)  # the one worker is now stuck in a call
+        monkeypatch.setattr(scrape, "PARSE_TIMEOUT_S", 1.0)
+        assert c.collect(1001.0)[-1].values  # parsed in the sidecar this once
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(worker).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the stuck parse worker {worker} is still running")
+        assert c.collect(1002.0)[-1].values and next(iter(c._parse_pool._processes)) != worker
+    finally:
+        c.close()
+        srv.shutdown()

@@ -66,6 +66,9 @@ _HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"trailers", b"upgrade",
     b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
 })
+#: Connection tokens that are options, not header names (close, keep-alive and upgrade are dropped
+#: as hop-by-hop headers anyway)
+_CONNECTION_OPTIONS = frozenset({b"", b"close", b"keep-alive", b"upgrade"})
 #: request headers not forwarded besides hop-by-hop ones: the upstream client writes Host and
 #: the body's framing itself; the body was already read (no 100-continue)
 _REQ_DROP = frozenset({b"host", b"content-length", b"expect"})
@@ -79,11 +82,21 @@ REUSE_WITHIN_S = 4.0
 def _end_to_end(raw: Sequence[tuple[bytes, bytes]], drop: frozenset[bytes] = frozenset()
                 ) -> list[tuple[bytes, bytes]]:
     """Headers as received (bytes) less the hop-by-hop ones (the fixed set, Proxy-*, those named
-    in Connection) and ``drop``."""
-    extra = {n.strip().lower() for k, v in raw if k.lower() == b"connection" for n in v.split(b",")}
-    return [(k, v) for k, v in raw
-            if (lk := k.lower()) not in _HOP_BY_HOP and lk not in drop and lk not in extra
-            and not lk.startswith(b"proxy-")]
+    in Connection) and ``drop``. One pass (it is on the relay's hot path, both legs)."""
+    out = []
+    named: set[bytes] | None = None
+    for k, v in raw:
+        lk = k.lower()
+        if lk in _HOP_BY_HOP or lk in drop or lk.startswith(b"proxy-"):
+            if lk == b"connection":
+                names = {n.strip().lower() for n in v.split(b",")} - _CONNECTION_OPTIONS
+                if names:
+                    named = names if named is None else named | names
+            continue
+        out.append((k, v))
+    if named:  # rare: headers the client marked hop-by-hop by naming them in Connection
+        out = [(k, v) for k, v in out if k.lower() not in named]
+    return out
 
 
 def _log_once(seen: set[str], kind: str, exc: BaseException) -> None:
@@ -180,7 +193,7 @@ class _Proxy:
         """Write a request with its whole body upstream at once on an idle pooled connection (its
         bookkeeping follows while the upstream works on it); ``sent`` None: no connection was idle
         (or not ``send``: a streamed body, which :meth:`_handle` sends)."""
-        out = (request.method.encode(), self.prefix + request.target, _end_to_end(request.headers, _REQ_DROP))
+        out = (request.method_raw, self.prefix + request.target, _end_to_end(request.headers, _REQ_DROP))
         sent = self.client.begin(*out, body) if send else None
         return body, out, sent, time.monotonic()
 

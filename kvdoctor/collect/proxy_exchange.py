@@ -19,18 +19,19 @@ PHRASES = {int(s): s.phrase.encode() for s in http.HTTPStatus}
 
 
 class Request:
-    """One request: ``method`` (str), ``target`` (raw bytes as sent), ``path`` (str, no query),
-    ``headers`` (raw ``(name, value)`` bytes pairs as received), its body via :meth:`read` or
-    :meth:`iter_any`."""
+    """One request: ``method`` (str; ``method_raw`` the bytes as sent), ``target`` (raw bytes as
+    sent), ``path`` (str, no query), ``headers`` (raw ``(name, value)`` bytes pairs as received),
+    its body via :meth:`read` or :meth:`iter_any`."""
 
-    __slots__ = ("method", "target", "path", "headers", "version", "keep_alive", "content_length",
+    __slots__ = ("method", "method_raw", "target", "_path", "headers", "version", "keep_alive", "content_length",
                  "chunked", "head_s", "early", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes", "_deferred")
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self.method = ""
+        self.method_raw = b""
         self.target = b""
-        self.path = ""
+        self._path: str | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.version = "1.1"
         self.keep_alive = True
@@ -46,6 +47,16 @@ class Request:
         #: what the server's ``early`` step returned for this request (None: it did not run)
         self.early: Any = None
         self._deferred = False
+
+    @property
+    def path(self) -> str:
+        """The target's path, decoded, without the query (made when first asked: after the
+        request was sent on)."""
+        if self._path is None:
+            t = self.target
+            q = t.find(b"?")
+            self._path = (t if q < 0 else t[:q]).decode("utf-8", "surrogateescape")
+        return self._path
 
     def header(self, name: bytes) -> bytes | None:
         """The first header of that (lower-case) name, or None."""

@@ -158,7 +158,8 @@ class _Conn(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         r, p = self._req, self.parser
         r.head_s = (time.time(), time.perf_counter())
-        r.method = p.get_method().decode("ascii", "replace")
+        r.method_raw = m = p.get_method()
+        r.method = m.decode("ascii", "replace")
         r.version = p.get_http_version()
         r.keep_alive = p.should_keep_alive()
         if p.should_upgrade():
@@ -167,8 +168,6 @@ class _Conn(asyncio.Protocol):
             u = httptools.parse_url(r.target) if r.target != b"*" else None
             if u is not None:
                 r.target = (u.path or b"/") + (b"?" + u.query if u.query else b"")
-        q = r.target.find(b"?")
-        r.path = (r.target if q < 0 else r.target[:q]).decode("utf-8", "surrogateescape")
         for k, v in r.headers:
             lk = k.lower()
             if lk == b"content-length":

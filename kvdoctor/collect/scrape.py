@@ -18,7 +18,7 @@ from ..engines import llamacpp_config_from_props, parse_scrape
 from ..engines.vllm import vllm_config_from_models
 from ..errors import InputError
 from ..model import EngineSample, Event
-from ..workers import worker_pool
+from ..workers import stop_pool, worker_pool
 from .base import SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -170,14 +170,15 @@ class ScrapeCollector:
             # the worker died or hangs: this page is parsed here, the next in a new worker
             log.warning("%s/metrics: the parse worker failed (%s); parsing in the sidecar this once",
                         self.base_url, type(e).__name__)
-            self.close()
+            self.close(kill=True)  # a worker that timed out may never return: ended, not left running
             return parse_scrape(text, now_s, self.server)
 
-    def close(self) -> None:
-        """Stop the parse worker, if one was started (the next scrape starts another)."""
+    def close(self, kill: bool = False) -> None:
+        """Stop the parse worker, if one was started (the next scrape starts another); ``kill``:
+        at once, even mid-parse."""
         pool, self._parse_pool = self._parse_pool, None
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            stop_pool(pool, kill)
 
     def _vllm_config(self, now_s: float, force: bool) -> list[Any]:
         """``max_model_len`` from /v1/models: vLLM's /metrics does not carry the context limit."""

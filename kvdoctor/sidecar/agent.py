@@ -128,6 +128,8 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         self._report_cache: tuple[int, float, Any] | None = None
         self.reports_rendered = 0
         self._render_pool: concurrent.futures.ProcessPoolExecutor | None = None
+        #: the garbage collections run between proxied requests (cfg.gc_between_requests), for /healthz
+        self.idle_gc: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def _start_http(self) -> None:
@@ -204,6 +206,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
 
                 idle_gc = IdleCollector(busy=lambda: self._proxy_server is not None and self._proxy_server.busy)
                 idle_gc.start(loop)
+                self.idle_gc = idle_gc
             tasks = [asyncio.create_task(self._poll(c)) for c in self.cfg.collectors]
             tasks.append(asyncio.create_task(self._diagnose_loop()))
             if self.cfg.duration_s:

@@ -141,7 +141,19 @@ class Recording:
                 "records": dict(w.counts), "capture_dropped": dropped, "capture_error": w.last_error,
                 "sources": {k: {"ok": v[0], "detail": v[1]} for k, v in self._status.items()},
                 "errors": {k: dict(v) for k, v in self.errors.items()},
-                "open_incidents": sum(1 for i in self.incidents if i.open)}
+                "open_incidents": sum(1 for i in self.incidents if i.open),
+                "gc": self._gc_health()}
+
+    def _gc_health(self) -> dict[str, Any]:
+        """Where this process's garbage collections run: CPython's own trigger (``automatic``), or
+        between proxied requests (kvdoctor.idle_gc) with how many ran per generation and how many
+        could not wait for a gap (``forced_while_busy``: traffic with always a request in flight)."""
+        g = getattr(self, "idle_gc", None)
+        if g is None:
+            return {"mode": "automatic"}
+        return {"mode": "between_requests", "collections": {"young": g.collections[0], "middle": g.collections[1],
+                                                            "full": g.collections[2]},
+                "forced_while_busy": g.forced}
 
     def capture_problem(self) -> str | None:
         """After ``run``: why the capture is incomplete (records dropped, meta not written), or None."""
