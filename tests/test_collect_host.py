@@ -169,3 +169,31 @@ def test_port_scan_fallback_when_net_connections_is_denied(server):
 def test_nothing_on_port():
     with pytest.raises(SourceUnavailable, match="server not found: nothing listens"):
         HostCollector(port=free_port()).collect(0.0)
+
+
+def test_tree_looked_up_every_refresh_not_every_collect(server, monkeypatch):
+    """Finding descendants reads every process on the host (psutil), so the tree is looked up every
+    tree_refresh_s (and when a member is gone), not on every collect; the members' CPU and memory
+    are read each time."""
+    port, servers = server
+    srv = servers[0]
+    lookups = []
+    real = psutil.Process.children
+
+    def counting(self, *a, **k):
+        lookups.append(self.pid)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(psutil.Process, "children", counting)
+    now = [100.0]
+    c = HostCollector(port=port, clock=lambda: now[0], tree_refresh_s=10.0)
+    cores = []
+    for i in range(4):  # within the refresh period: one lookup
+        now[0] += 0.25
+        time.sleep(0.25)
+        cores.append(c.collect(now[0])[0].server_cpu_cores)
+    assert len(lookups) == 1 and c.server_pids() == {srv.proc.pid, srv.child_pid}
+    assert cores[0] is None and all(x > 0.1 for x in cores[1:])  # the busy child, read each time
+    now[0] += 10.0  # the refresh period passed: looked up again
+    c.collect(now[0])
+    assert len(lookups) == 2 and c.server_pids() == {srv.proc.pid, srv.child_pid}
