@@ -25,7 +25,8 @@ C. 32 concurrent streams against llama-server through each target: every respons
 Target ``attach`` (parts A and B; ``--no-attach`` leaves it out) is the real sidecar path:
 ``kvdoctor attach --server UPSTREAM --proxy ...`` with its capture writer, /metrics scrape (every
 second; in part B the fake upstream serves a recorded vLLM 0.32 page), live evaluation (every
-second) on, and ``/report`` requested every second throughout.
+second) on, and ``/report`` requested every second throughout, from a process of its own (where a
+dashboard would be: not a thread of the client whose timestamps are the measure).
 The verdict prints its added TTFT P99 and its ratio to nginx's, from the one run.
 
 Targets: added TTFT P99 <= 2 ms and <= 1.5x nginx's. nginx must be installed
@@ -252,7 +253,10 @@ def start_attach(upstream: str, tmp: Path, name: str) -> tuple[Proc, str, str]:
 
 
 def poll_reports(endpoints: list[str], stop: "threading.Event", counts: dict[str, int]) -> None:
-    """GET /report on every sidecar once a second until ``stop`` (the load the issue names)."""
+    """GET /report on every sidecar once a second until ``stop`` (the load the issue names). Runs
+    in a process of its own (``--_poll``), like the browser or dashboard it stands for: in a thread
+    of the load generator it read each ~5 MB page holding the GIL the client's timestamps wait on,
+    and every target's latencies, nginx's included, carried it."""
     import urllib.request
 
     while not stop.wait(1.0):
@@ -263,6 +267,15 @@ def poll_reports(endpoints: list[str], stop: "threading.Event", counts: dict[str
                     counts[base] = counts.get(base, 0) + 1
             except OSError:
                 counts[f"{base} failed"] = counts.get(f"{base} failed", 0) + 1
+
+
+def poll_child_main(endpoints: list[str]) -> None:
+    """The --_poll child: poll_reports until SIGTERM, then its counts as one JSON line."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    counts: dict[str, int] = {}
+    poll_reports(endpoints, stop, counts)
+    print(json.dumps(counts), flush=True)
 
 
 def start_nginx(pairs: list[tuple[int, int]], tmp: Path) -> Proc | None:
@@ -512,7 +525,11 @@ def main() -> int:
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--_proxy", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--_fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--_poll", nargs="+", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args._poll:
+        poll_child_main(args._poll)
+        return 0
     if args._proxy:
         proxy_child_main(args._proxy[0], int(args._proxy[1]))
         return 0
@@ -528,8 +545,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kvd-bench-proxy-"))
     llama = None
     report_apis: list[str] = []
-    report_stop = threading.Event()
     report_counts: dict[str, int] = {}
+    poller: subprocess.Popen | None = None
     try:
         targets_real: dict[str, str] = {}
         targets_fake: dict[str, str] = {}
@@ -579,7 +596,8 @@ def main() -> int:
         for p in procs:
             p.wait_healthy()
         if report_apis:
-            threading.Thread(target=poll_reports, args=(report_apis, report_stop, report_counts), daemon=True).start()
+            poller = subprocess.Popen([py, me, "--_poll", *report_apis], stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
 
         if "A" in args.parts:
             res = asyncio.run(sequential(targets_real, args.n, lambda i, k: chat_body(i, args.max_tokens, k),
@@ -606,7 +624,13 @@ def main() -> int:
             results["C_real_concurrent"] = rows
             print_table(f"C. {args.concurrent} concurrent streams, llama-server -np {args.parallel}", rows)
     finally:
-        report_stop.set()
+        if poller is not None:
+            poller.send_signal(signal.SIGTERM)
+            try:
+                out, _ = poller.communicate(timeout=60)
+                report_counts.update(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})
+            except (subprocess.TimeoutExpired, ValueError):
+                poller.kill()
         results["report_requests"] = report_counts
         for p in reversed(procs):
             out = p.stop()

@@ -286,6 +286,7 @@ def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
         for _ in range(3):
             with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
                 pages.append(r.read())
+                assert int(r.headers["Content-Length"]) == len(pages[-1])  # written in slices, framed whole
         assert agent.reports_rendered == 1 and pages[0] == pages[1] == pages[2] and b"<html" in pages[0].lower()
         # the render process yields the cores to the relay and the engine when they are busy
         assert_runs_below_us(next(iter(agent._render_pool._processes)))
