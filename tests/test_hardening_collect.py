@@ -348,3 +348,36 @@ def test_signals_at_random_points_leave_a_readable_capture(tmp_path, sig):
                 assert proc.returncode == 0 and took < 6.0, (proc.returncode, took, err[-1500:])
             c = kvdoctor.load(cap)
             assert all("torn last line" in w for w in c.warnings), c.warnings
+
+
+def test_a_report_render_that_times_out_is_ended_not_queued_behind(tmp_path, monkeypatch):
+    """A render that outlives REPORT_TIMEOUT_S may be stuck for good: its worker is ended, so the
+    next /report starts a new one instead of queueing behind it (each waiting the whole timeout)."""
+    import concurrent.futures
+
+    import psutil
+
+    import kvdoctor.sidecar.report_page as report_page
+    from kvdoctor.workers import worker_pool
+
+    listen = free_port()
+    cfg = AttachConfig(server_url="http://127.0.0.1:9", capture_dir=tmp_path / "cap", listen=f"127.0.0.1:{listen}")
+    with running_agent(cfg) as agent:
+        _wait_http(f"http://127.0.0.1:{listen}/healthz")
+        agent._render_pool = worker_pool()
+        agent._render_pool.submit(time.sleep, 120)  # the one render worker is now stuck
+        worker = next(iter(agent._render_pool._processes))
+        monkeypatch.setattr(report_page, "REPORT_TIMEOUT_S", 1.0)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            agent.report_page()
+        assert agent._render_pool is None
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(worker).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the stuck render worker {worker} is still running")

@@ -28,6 +28,7 @@ from ..collect.base import PolledCollector
 from ..diagnosis import Incident, Options, Rule
 from ..errors import InputError
 from ..model import CaptureMeta
+from ..workers import stop_pool
 from .live import LiveDiagnosis
 from .live_worker import LiveWorker
 from .recording import Recording
@@ -198,15 +199,13 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             from .otel_export import OtelExport
 
             self.otel = OtelExport(self.cfg.otlp_endpoint)
-        idle_gc = None
         try:
             await self._start_http()
             if self.cfg.gc_between_requests:
                 from ..idle_gc import IdleCollector
 
-                idle_gc = IdleCollector(busy=lambda: self._proxy_server is not None and self._proxy_server.busy)
-                idle_gc.start(loop)
-                self.idle_gc = idle_gc
+                self.idle_gc = IdleCollector(busy=lambda: self._proxy_server is not None and self._proxy_server.busy)
+                self.idle_gc.start(loop)
             tasks = [asyncio.create_task(self._poll(c)) for c in self.cfg.collectors]
             tasks.append(asyncio.create_task(self._diagnose_loop()))
             if self.cfg.duration_s:
@@ -216,8 +215,8 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
-            if idle_gc is not None:
-                idle_gc.close()
+            if self.idle_gc is not None:
+                self.idle_gc.close()
             if self._proxy_server is not None:
                 await self._proxy_server.close(SHUTDOWN_GRACE_S)
             for runner in self._runners:
@@ -237,7 +236,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
                     close()
             self.live_worker.close()
             if self._render_pool is not None:
-                self._render_pool.shutdown(wait=False, cancel_futures=True)
+                stop_pool(self._render_pool)
             self.writer.close()
 
 

@@ -18,7 +18,7 @@ from ..capture.memory import from_records
 from ..diagnosis import Incident, Options, Rule
 from ..diagnosis.live import LiveDiagnoser
 from ..model import CaptureMeta
-from ..workers import worker_pool
+from ..workers import stop_pool, worker_pool
 
 log = logging.getLogger("kvdoctor.attach")
 
@@ -135,5 +135,5 @@ class LiveWorker:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            stop_pool(self._pool)
             self._pool = None

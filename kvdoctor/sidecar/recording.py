@@ -34,6 +34,7 @@ class Recording:
     _errors_logged: set[tuple[str, str]]
     _stop: asyncio.Event
     _pool: concurrent.futures.ThreadPoolExecutor
+    idle_gc: Any  # IdleCollector or None
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
@@ -148,7 +149,7 @@ class Recording:
         """Where this process's garbage collections run: CPython's own trigger (``automatic``), or
         between proxied requests (kvdoctor.idle_gc) with how many ran per generation and how many
         could not wait for a gap (``forced_while_busy``: traffic with always a request in flight)."""
-        g = getattr(self, "idle_gc", None)
+        g = self.idle_gc
         if g is None:
             return {"mode": "automatic"}
         return {"mode": "between_requests", "collections": {"young": g.collections[0], "middle": g.collections[1],

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..capture.queued import QueuedWriter
 from ..diagnosis import Options, Rule
-from ..workers import worker_pool
+from ..workers import stop_pool, worker_pool
 
 REPORT_TIMEOUT_S = 120.0
 #: a page is reused this long even when records arrived since: a render is a second or more of a
@@ -56,8 +56,14 @@ class ReportPage:
             # hold the GIL the proxy relays with (measured: hundreds of ms added to TTFT P99)
             if self._render_pool is None:
                 self._render_pool = worker_pool()
-            html = self._render_pool.submit(_render_report, str(self.cfg.capture_dir), self.cfg.rules,
-                                            self.cfg.options).result(timeout=REPORT_TIMEOUT_S)
+            try:
+                html = self._render_pool.submit(_render_report, str(self.cfg.capture_dir), self.cfg.rules,
+                                                self.cfg.options).result(timeout=REPORT_TIMEOUT_S)
+            except concurrent.futures.TimeoutError:
+                # the render may be stuck for good: end it, or every later render queues behind it
+                stop_pool(self._render_pool, kill=True)
+                self._render_pool = None
+                raise
             self._report_cache = (key, time.monotonic(), html)
             self.reports_rendered += 1
             return html
