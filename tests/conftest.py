@@ -51,6 +51,23 @@ def request_records(cap) -> list:
     return [RequestRecord(**{k: v for k, v in r.items() if v is not None}) for r in rows]
 
 
+def assert_process_ends(pid: int, within_s: float = 5.0, what: str = "process") -> None:
+    """``pid`` exits (or is left a zombie for its parent to reap) within ``within_s``."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the {what} {pid} is still running after {within_s:.0f} s")
+
+
 def assert_runs_below_us(pid: int) -> None:
     """The sidecar's analysis process ``pid`` runs at WORKER_NICENESS below this process."""
     from kvdoctor.workers import WORKER_NICENESS

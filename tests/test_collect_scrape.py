@@ -14,7 +14,7 @@ from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.scrape import DOWN_AFTER_TIMEOUTS, ScrapeCollector
 from kvdoctor.testing.llama_server import free_port
 
-from conftest import assert_runs_below_us
+from conftest import assert_process_ends, assert_runs_below_us
 
 PAGE = b"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n"
 
@@ -107,8 +107,6 @@ def test_a_parse_worker_that_times_out_is_ended_not_left_running(monkeypatch):
     """A parse that outlives PARSE_TIMEOUT_S (a worker stuck for good) costs that scrape's wait
     only: the page is parsed in the sidecar, and the stuck worker is ended at once, not left
     running beside its replacement (a core and its memory held for as long as it is stuck)."""
-    import psutil
-
     import kvdoctor.collect.scrape as scrape
 
     handler = type("H", (_Slow,), {"delay_s": 0.0, "page": VLLM_PAGE})
@@ -121,16 +119,7 @@ def test_a_parse_worker_that_times_out_is_ended_not_left_running(monkeypatch):
         c._parse_pool.submit(time.sleep, 120)  # the one worker is now stuck in a call
         monkeypatch.setattr(scrape, "PARSE_TIMEOUT_S", 1.0)
         assert c.collect(1001.0)[-1].values  # parsed in the sidecar this once
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            try:
-                if psutil.Process(worker).status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"the stuck parse worker {worker} is still running")
+        assert_process_ends(worker, 5.0, "stuck parse worker")
         assert c.collect(1002.0)[-1].values and next(iter(c._parse_pool._processes)) != worker
     finally:
         c.close()

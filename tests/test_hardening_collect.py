@@ -24,7 +24,7 @@ from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.scrape import MAX_BODY_BYTES, ScrapeCollector
 from kvdoctor.testing.llama_server import free_port
 
-from conftest import assert_runs_below_us
+from conftest import assert_process_ends, assert_runs_below_us
 
 LLAMA_PAGE = b"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n" \
              b"# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 10\n"
@@ -355,8 +355,6 @@ def test_a_report_render_that_times_out_is_ended_not_queued_behind(tmp_path, mon
     next /report starts a new one instead of queueing behind it (each waiting the whole timeout)."""
     import concurrent.futures
 
-    import psutil
-
     import kvdoctor.sidecar.report_page as report_page
     from kvdoctor.workers import worker_pool
 
@@ -371,13 +369,4 @@ def test_a_report_render_that_times_out_is_ended_not_queued_behind(tmp_path, mon
         with pytest.raises(concurrent.futures.TimeoutError):
             agent.report_page()
         assert agent._render_pool is None
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            try:
-                if psutil.Process(worker).status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"the stuck render worker {worker} is still running")
+        assert_process_ends(worker, 5.0, "stuck render worker")
