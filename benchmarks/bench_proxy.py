@@ -523,6 +523,8 @@ def main() -> int:
     ap.add_argument("--parts", default="ABC")
     ap.add_argument("--max-duration", type=float, default=1200.0, help="seconds, whole run")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--raw", help="part B: write every request's timings here (JSON: target -> rows of "
+                                  "send, end, req_leg, first_leg seconds), to study where the tail comes from")
     ap.add_argument("--_proxy", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--_fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--_poll", nargs="+", metavar="URL", help=argparse.SUPPRESS)
@@ -613,6 +615,10 @@ def main() -> int:
                                                     "stream": True},
                                          deadline, keepalive=True))
             results["B_fake_sequential"] = summarize_seq(res)
+            if args.raw:
+                keys = ("send", "end", "req_leg", "first_leg", "ttft")
+                Path(args.raw).write_text(json.dumps({k: [[r[x] for x in keys] for r in rows]
+                                                      for k, rows in res.items()} | {"columns": keys}))
             if "attach" in res and "nginx" in res:
                 results["B_bootstrap"] = bootstrap_added_p99(res, "attach")
             print_table(f"B. fake SSE upstream, {args.fake_events} events 2 ms apart (exact per-chunk latency)",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 FORMAT_VERSION = 1
 
@@ -182,30 +182,42 @@ def to_dict(record: Any) -> dict[str, Any]:
 def derive_request(r: RequestRecord) -> RequestRecord:
     """Fill the fields that follow from others (TTFT from first_token - arrival, TPOT from
     decode time / (output_tokens - 1), ...). Given values are never overwritten."""
-    d = {}
-    ttft, e2e, tpot = r.ttft_s, r.e2e_s, r.tpot_s
-    if ttft is None and r.first_token_s is not None and r.arrival_s is not None:
-        ttft = d["ttft_s"] = r.first_token_s - r.arrival_s
-    if e2e is None and r.finish_s is not None and r.arrival_s is not None:
-        e2e = d["e2e_s"] = r.finish_s - r.arrival_s
-    if r.finish_s is None and r.arrival_s is not None and e2e is not None:
-        d["finish_s"] = r.arrival_s + e2e
-    if r.first_token_s is None and r.arrival_s is not None and ttft is not None:
-        d["first_token_s"] = r.arrival_s + ttft
-    if tpot is None and e2e is not None and ttft is not None and r.output_tokens and r.output_tokens > 1:
-        d["tpot_s"] = max(e2e - ttft, 0.0) / (r.output_tokens - 1)
-    if r.itl_s:
+    d = derived_fields(lambda name: getattr(r, name))
+    return dataclasses.replace(r, **d) if d else r
+
+
+def derived_fields(get: Callable[[str], Any]) -> dict[str, Any]:
+    """What :func:`derive_request` fills, from ``get(field name)`` (None: unset): for a record
+    still being built as keyword arguments (``derived_fields(kw.get)``), which then is made once
+    instead of made and replaced (the proxy does this on its event loop for every request)."""
+    d: dict[str, Any] = {}
+    arrival, first, finish = get("arrival_s"), get("first_token_s"), get("finish_s")
+    ttft, e2e, tpot = get("ttft_s"), get("e2e_s"), get("tpot_s")
+    if ttft is None and first is not None and arrival is not None:
+        ttft = d["ttft_s"] = first - arrival
+    if e2e is None and finish is not None and arrival is not None:
+        e2e = d["e2e_s"] = finish - arrival
+    if finish is None and arrival is not None and e2e is not None:
+        d["finish_s"] = arrival + e2e
+    if first is None and arrival is not None and ttft is not None:
+        d["first_token_s"] = arrival + ttft
+    output_tokens = get("output_tokens")
+    if tpot is None and e2e is not None and ttft is not None and output_tokens and output_tokens > 1:
+        d["tpot_s"] = max(e2e - ttft, 0.0) / (output_tokens - 1)
+    itl = get("itl_s")
+    if itl and (get("itl_p50_s") is None or get("itl_p99_s") is None or get("itl_max_s") is None
+                or (tpot is None and "tpot_s" not in d)):
         import numpy as np
 
-        a = np.asarray(r.itl_s, dtype=float)
-        if r.itl_p50_s is None:
+        a = np.asarray(itl, dtype=float)
+        if get("itl_p50_s") is None:
             d["itl_p50_s"] = float(np.percentile(a, 50))
-        if r.itl_p99_s is None:
+        if get("itl_p99_s") is None:
             d["itl_p99_s"] = float(np.percentile(a, 99))
-        if r.itl_max_s is None:
+        if get("itl_max_s") is None:
             d["itl_max_s"] = float(a.max())
         if tpot is None and "tpot_s" not in d:
             d["tpot_s"] = float(a.mean())
-    if r.status is None:
-        d["status"] = "error" if r.error else "ok"
-    return dataclasses.replace(r, **d) if d else r
+    if get("status") is None:
+        d["status"] = "error" if get("error") else "ok"
+    return d

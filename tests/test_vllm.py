@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import kvdoctor
-from kvdoctor.diagnosis import diagnose
+from kvdoctor.diagnosis import diagnose, load_rules
 from kvdoctor.engines import parse_scrape
 from kvdoctor.engines.promtext import _key, parse_families
 from kvdoctor.engines.vllm import IGNORED, TABLE
@@ -109,6 +109,50 @@ def check_named(out, timings, name):
     assert np.all(proxy <= client + 0.002), client - proxy
     assert np.median((client - proxy) / client) < 0.25, (client, proxy)
     return diag
+
+
+def client_turn_growth(timings, what: str) -> tuple[float, float]:
+    """The client's own per-turn growth, read as kv-growth-per-turn reads the capture: the fitted
+    change per turn of the per-turn median (``decode``: each request's median gap between text
+    chunks; ``ttft``), as a share of turn 1's, and its rank correlation with the turn number."""
+    by_turn: dict[int, list[float]] = {}
+    for t in timings:
+        if t.status != "ok" or t.ttft_s is None or len(t.chunk_times_s) < 3:
+            continue
+        v = float(np.median(np.diff(t.chunk_times_s))) if what == "decode" else t.ttft_s
+        by_turn.setdefault(t.turn, []).append(v)
+    turns = np.array(sorted(by_turn), dtype=float)
+    med = np.array([np.median(by_turn[k]) for k in sorted(by_turn)])
+    slope = np.polyfit(turns, med, 1)[0]
+    rank = lambda a: np.argsort(np.argsort(a))  # noqa: E731 (no ties: medians of timings)
+    return float(slope / med[0]), float(np.corrcoef(rank(turns), rank(med))[0, 1])
+
+
+def expect_turn_growth(out, timings) -> None:
+    """Whether vLLM's turns really got slower is the server's physics on this machine, not the
+    load's: a 135M model's decode step is mostly its weights, so the history's KV grows it by a few
+    per cent a turn on a quiet machine (2.6-4%/turn, rank corr >= 0.95) and not at all when the step
+    is dominated by other costs (a fresh-clone run saw ITL ~120 ms flat over 8 turns). The client's
+    timings are the ground truth. Clear growth (a quarter past the rule's threshold: the proxy's
+    gaps are not the client's to the last per cent), or the rule fired: it must be the top cause
+    (check_named, after this). No growth: the rule must stay silent, and the positive case is
+    reported as not exercised. Just below the threshold and silent: either verdict was right."""
+    params = next(r for r in load_rules() if r.id == "kv-growth-per-turn").params
+    (dec, dec_corr), (ttft, ttft_corr) = client_turn_growth(timings, "decode"), client_turn_growth(timings, "ttft")
+    seen = f"client: decode {dec:+.1%}/turn (rank corr {dec_corr:.2f}), TTFT {ttft:+.1%}/turn ({ttft_corr:.2f})"
+    diag = diagnose(kvdoctor.load(out))
+    fired = "kv-growth-per-turn" in {c.rule.id for inc in diag.incidents for c in inc.causes}
+    flat = ((dec < 0.5 * params["min_tpot_growth"] or dec_corr < 0.5)
+            and (ttft < 0.5 * params["min_ttft_growth"] or ttft_corr < 0.5))
+    if flat:
+        assert not fired, f"no turn got slower, yet kv-growth-per-turn fired ({seen})"
+        pytest.skip(f"vLLM's turns did not slow down on this machine ({seen}): "
+                    "checked that kv-growth-per-turn stays silent")
+    clear = ((dec >= 1.25 * params["min_tpot_growth"] and dec_corr >= 0.8)
+             or (ttft >= 1.25 * params["min_ttft_growth"] and ttft_corr >= 0.8))
+    if not (clear or fired):
+        pytest.skip(f"vLLM's turns slowed down just below kv-growth-per-turn's threshold ({seen}) "
+                    "and it stayed silent: either verdict is right")
 
 
 def cause(diag, rule_id) -> dict:
@@ -283,6 +327,8 @@ class TestMainServer:
     @pytest.mark.parametrize("name", ["prefix-cache-on", "saturation", "multi-turn"])
     def test_scenario(self, main, runs, run_cli, name):
         out, timings = run_scenario(runs, main, name)
+        if name == "multi-turn":
+            expect_turn_growth(out, timings)
         diag = check_named(out, timings, name)
         if name == "saturation":
             ev = evidence(cause(diag, "queueing-saturation"))

@@ -15,7 +15,7 @@ import orjson
 from kvdoctor import error_classes
 from kvdoctor.collect import textstats
 from kvdoctor.collect.proxy_stream import StreamAnnotator, error_message
-from kvdoctor.model import RequestRecord, derive_request
+from kvdoctor.model import RequestRecord, derived_fields
 from kvdoctor.numeric import percentile_sorted
 
 #: most characters of an error message kept in a record
@@ -80,7 +80,7 @@ def build_record(an: StreamAnnotator, request_body: bytes, block_chars: int, ser
     prompt_chars = len(prompt) if prompt else None
     itl = [round(x, 6) for x in an.itl] if an.itl else None
     srt = sorted(itl) if itl else None
-    rec = RequestRecord(
+    kw = dict(
         request_id=an.client_id or os.urandom(8).hex(),
         arrival_s=arrival,
         first_token_s=first,
@@ -110,7 +110,8 @@ def build_record(an: StreamAnnotator, request_body: bytes, block_chars: int, ser
         prompt_text=prompt if store_text else None,
         output_text=out_text if store_text else None,
     )
-    return derive_request(rec)
+    kw.update(derived_fields(kw.get))  # one record made, not made and then replaced
+    return RequestRecord(**kw)
 
 
 def _read_body(an: StreamAnnotator) -> tuple[str | None, str | None, str | None]:
