@@ -252,7 +252,8 @@ def start_attach(upstream: str, tmp: Path, name: str) -> tuple[Proc, str, str]:
         f"http://127.0.0.1:{pport}", f"http://127.0.0.1:{lport}"
 
 
-def poll_reports(endpoints: list[str], stop: "threading.Event", counts: dict[str, int]) -> None:
+def poll_reports(endpoints: list[str], stop: "threading.Event", counts: dict[str, int],
+                 fetches: list | None = None) -> None:
     """GET /report on every sidecar once a second until ``stop`` (the load the issue names). Runs
     in a process of its own (``--_poll``), like the browser or dashboard it stands for: in a thread
     of the load generator it read each ~5 MB page holding the GIL the client's timestamps wait on,
@@ -262,9 +263,12 @@ def poll_reports(endpoints: list[str], stop: "threading.Event", counts: dict[str
     while not stop.wait(1.0):
         for base in endpoints:
             try:
+                t0 = time.time()
                 with urllib.request.urlopen(f"{base}/report", timeout=30) as r:
-                    r.read()
+                    n = len(r.read())
                     counts[base] = counts.get(base, 0) + 1
+                if fetches is not None:  # when each page was asked for and read (--raw)
+                    fetches.append((base, t0, time.time(), n))
             except OSError:
                 counts[f"{base} failed"] = counts.get(f"{base} failed", 0) + 1
 
@@ -274,8 +278,9 @@ def poll_child_main(endpoints: list[str]) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     counts: dict[str, int] = {}
-    poll_reports(endpoints, stop, counts)
-    print(json.dumps(counts), flush=True)
+    fetches: list = []
+    poll_reports(endpoints, stop, counts, fetches)
+    print(json.dumps(counts | {"fetches": fetches}), flush=True)
 
 
 def start_nginx(pairs: list[tuple[int, int]], tmp: Path) -> Proc | None:
@@ -524,7 +529,8 @@ def main() -> int:
     ap.add_argument("--max-duration", type=float, default=1200.0, help="seconds, whole run")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--raw", help="part B: write every request's timings here (JSON: target -> rows of "
-                                  "send, end, req_leg, first_leg seconds), to study where the tail comes from")
+                                  "send, end, req_leg, first_leg seconds; and each /report fetch to RAW.report.json), "
+                                  "to study where the tail comes from")
     ap.add_argument("--_proxy", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--_fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--_poll", nargs="+", metavar="URL", help=argparse.SUPPRESS)
@@ -635,6 +641,10 @@ def main() -> int:
             try:
                 out, _ = poller.communicate(timeout=60)
                 report_counts.update(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})
+                fetches = report_counts.pop("fetches", [])
+                if args.raw:
+                    Path(args.raw + ".report.json").write_text(json.dumps(
+                        {"columns": ("endpoint", "start", "end", "bytes"), "rows": fetches}))
             except (subprocess.TimeoutExpired, ValueError):
                 poller.kill()
         results["report_requests"] = report_counts
