@@ -133,10 +133,11 @@ def expect_turn_growth(out, timings) -> None:
     load's: a 135M model's decode step is mostly its weights, so the history's KV grows it by a few
     per cent a turn on a quiet machine (2.6-4%/turn, rank corr >= 0.95) and not at all when the step
     is dominated by other costs (a fresh-clone run saw ITL ~120 ms flat over 8 turns). The client's
-    timings are the ground truth. Clear growth (a quarter past the rule's threshold: the proxy's
-    gaps are not the client's to the last per cent), or the rule fired: it must be the top cause
+    timings are the ground truth. Clear growth (half again the rule's threshold: the proxy's gaps
+    are not the client's to the last per cent, 2.8 against 2.6%/turn in one run, and the rule leaves
+    out requests that ran while the host was contended), or the rule fired: it must be the top cause
     (check_named, after this). No growth: the rule must stay silent, and the positive case is
-    reported as not exercised. Just below the threshold and silent: either verdict was right."""
+    reported as not exercised. Near the threshold and silent: either verdict was right."""
     params = next(r for r in load_rules() if r.id == "kv-growth-per-turn").params
     (dec, dec_corr), (ttft, ttft_corr) = client_turn_growth(timings, "decode"), client_turn_growth(timings, "ttft")
     seen = f"client: decode {dec:+.1%}/turn (rank corr {dec_corr:.2f}), TTFT {ttft:+.1%}/turn ({ttft_corr:.2f})"
@@ -148,10 +149,10 @@ def expect_turn_growth(out, timings) -> None:
         assert not fired, f"no turn got slower, yet kv-growth-per-turn fired ({seen})"
         pytest.skip(f"vLLM's turns did not slow down on this machine ({seen}): "
                     "checked that kv-growth-per-turn stays silent")
-    clear = ((dec >= 1.25 * params["min_tpot_growth"] and dec_corr >= 0.8)
-             or (ttft >= 1.25 * params["min_ttft_growth"] and ttft_corr >= 0.8))
+    clear = ((dec >= 1.5 * params["min_tpot_growth"] and dec_corr >= 0.8)
+             or (ttft >= 1.5 * params["min_ttft_growth"] and ttft_corr >= 0.8))
     if not (clear or fired):
-        pytest.skip(f"vLLM's turns slowed down just below kv-growth-per-turn's threshold ({seen}) "
+        pytest.skip(f"vLLM's turns slowed down near kv-growth-per-turn's threshold ({seen}) "
                     "and it stayed silent: either verdict is right")
 
 
