@@ -253,7 +253,7 @@ def start_attach(upstream: str, tmp: Path, name: str) -> tuple[Proc, str, str]:
 
 
 def poll_reports(endpoints: list[str], stop: "threading.Event", counts: dict[str, int],
-                 fetches: list | None = None) -> None:
+                 fetches: list) -> None:
     """GET /report on every sidecar once a second until ``stop`` (the load the issue names). Runs
     in a process of its own (``--_poll``), like the browser or dashboard it stands for: in a thread
     of the load generator it read each ~5 MB page holding the GIL the client's timestamps wait on,
@@ -267,8 +267,7 @@ def poll_reports(endpoints: list[str], stop: "threading.Event", counts: dict[str
                 with urllib.request.urlopen(f"{base}/report", timeout=30) as r:
                     n = len(r.read())
                     counts[base] = counts.get(base, 0) + 1
-                if fetches is not None:  # when each page was asked for and read (--raw)
-                    fetches.append((base, t0, time.time(), n))
+                fetches.append((base, t0, time.time(), n))  # when each page was asked for and read (--raw)
             except OSError:
                 counts[f"{base} failed"] = counts.get(f"{base} failed", 0) + 1
 

@@ -29,6 +29,7 @@ from kvdoctor.diagnosis import diagnose, load_rules
 from kvdoctor.engines import parse_scrape
 from kvdoctor.engines.promtext import _key, parse_families
 from kvdoctor.engines.vllm import IGNORED, TABLE
+from kvdoctor.signals.registry import fit
 from kvdoctor.testing import loadgen
 from kvdoctor.testing import scenarios as S
 from kvdoctor.testing.llama_server import free_port
@@ -87,10 +88,11 @@ class GaugeWatch:
         return np.array(self.rows, dtype=float).reshape(-1, 1 + len(self.names))
 
 
-def check_named(out, timings, name):
-    """The expected rule is a top cause, nothing unrelated fires, and the capture's TTFT is the client's."""
+def check_named(out, timings, name, diag=None):
+    """The expected rule is a top cause, nothing unrelated fires, and the capture's TTFT is the client's.
+    ``diag``: the capture's diagnosis, where the caller has it already."""
     expect = S.SCENARIOS[name].expect
-    diag = diagnose(kvdoctor.load(out))
+    diag = diag or diagnose(kvdoctor.load(out))
     tops = [inc.causes[0].rule.id for inc in diag.incidents]
     fired = {c.rule.id for inc in diag.incidents for c in inc.causes}
     report = json.dumps(diag.to_json()["incidents"], indent=1)[:3000]
@@ -121,14 +123,13 @@ def client_turn_growth(timings, what: str) -> tuple[float, float]:
             continue
         v = float(np.median(np.diff(t.chunk_times_s))) if what == "decode" else t.ttft_s
         by_turn.setdefault(t.turn, []).append(v)
-    turns = np.array(sorted(by_turn), dtype=float)
-    med = np.array([np.median(by_turn[k]) for k in sorted(by_turn)])
-    slope = np.polyfit(turns, med, 1)[0]
-    rank = lambda a: np.argsort(np.argsort(a))  # noqa: E731 (no ties: medians of timings)
-    return float(slope / med[0]), float(np.corrcoef(rank(turns), rank(med))[0, 1])
+    turns = sorted(by_turn)
+    med = np.array([np.median(by_turn[k]) for k in turns])
+    slope, corr, _ = fit(np.array(turns, dtype=float), med, min_n=4)
+    return slope / med[0], corr
 
 
-def expect_turn_growth(out, timings) -> None:
+def expect_turn_growth(diag, timings) -> None:
     """Whether vLLM's turns really got slower is the server's physics on this machine, not the
     load's: a 135M model's decode step is mostly its weights, so the history's KV grows it by a few
     per cent a turn on a quiet machine (2.6-4%/turn, rank corr >= 0.95) and not at all when the step
@@ -141,7 +142,6 @@ def expect_turn_growth(out, timings) -> None:
     params = next(r for r in load_rules() if r.id == "kv-growth-per-turn").params
     (dec, dec_corr), (ttft, ttft_corr) = client_turn_growth(timings, "decode"), client_turn_growth(timings, "ttft")
     seen = f"client: decode {dec:+.1%}/turn (rank corr {dec_corr:.2f}), TTFT {ttft:+.1%}/turn ({ttft_corr:.2f})"
-    diag = diagnose(kvdoctor.load(out))
     fired = "kv-growth-per-turn" in {c.rule.id for inc in diag.incidents for c in inc.causes}
     flat = ((dec < 0.5 * params["min_tpot_growth"] or dec_corr < 0.5)
             and (ttft < 0.5 * params["min_ttft_growth"] or ttft_corr < 0.5))
@@ -328,9 +328,10 @@ class TestMainServer:
     @pytest.mark.parametrize("name", ["prefix-cache-on", "saturation", "multi-turn"])
     def test_scenario(self, main, runs, run_cli, name):
         out, timings = run_scenario(runs, main, name)
+        diag = diagnose(kvdoctor.load(out))
         if name == "multi-turn":
-            expect_turn_growth(out, timings)
-        diag = check_named(out, timings, name)
+            expect_turn_growth(diag, timings)
+        diag = check_named(out, timings, name, diag)
         if name == "saturation":
             ev = evidence(cause(diag, "queueing-saturation"))
             # the queue time is vLLM's own histogram (the proxy cannot see queueing inside vLLM)
