@@ -45,6 +45,7 @@ import orjson
 from yarl import URL
 
 from kvdoctor.collect.proxy_exchange import Reply, Request
+from kvdoctor.collect.proxy_plain import plain_request
 from kvdoctor.collect.proxy_record import build_record, client_request_id, traceparent_trace_id
 from kvdoctor.collect.proxy_server import ProxyServer
 from kvdoctor.collect.proxy_stream import MAX_ANALYSED_BODY, MAX_SSE_EVENT_BYTES, StreamAnnotator
@@ -136,7 +137,7 @@ class _Proxy:
         self.close_after_stream = False
         self._logged: set[str] = set()
         self.stats = {"requests": 0, "analysed": 0, "records": 0, "analysis_errors": 0,
-                      "upstream_errors": 0, "retries": 0}
+                      "upstream_errors": 0, "retries": 0, "fast_path": 0}
         #: analysed requests not answered yet: live diagnosis counts them (queued requests
         #: would otherwise be invisible until they finish, exactly when they matter)
         self.in_flight: dict[int, StreamAnnotator] = {}
@@ -184,17 +185,31 @@ class _Proxy:
             return
         self._emit(an, body)
 
+    def fast(self, data: bytes) -> Response | None:
+        """The server's fast step: a read that is one whole plain request goes upstream as it came
+        (rewritten for the hop: :func:`plain_request`), before it is parsed; None: not sent."""
+        if not self.client.has_idle:
+            return None
+        split = plain_request(data, self.client.host_header, self.prefix, MAX_ANALYSED_BODY)
+        sent = None if split is None else self.client.begin_raw(*split)
+        if sent is not None:
+            self.stats["fast_path"] += 1
+        return sent
+
     def early(self, request: Request) -> tuple[Any, ...]:
         """The server's early step (a request whose whole body is in): send it on now, in the read
-        callback, before the handler's task starts."""
-        return self._forward(request, request.body_if_complete())
+        callback, before the handler's task starts (unless ``fast`` already did)."""
+        return self._forward(request, request.body_if_complete(), sent=request.pre)
 
-    def _forward(self, request: Request, body: bytes, send: bool = True) -> tuple[Any, ...]:
+    def _forward(self, request: Request, body: bytes, send: bool = True,
+                 sent: Response | None = None) -> tuple[Any, ...]:
         """Write a request with its whole body upstream at once on an idle pooled connection (its
         bookkeeping follows while the upstream works on it); ``sent`` None: no connection was idle
-        (or not ``send``: a streamed body, which :meth:`_handle` sends)."""
+        (or not ``send``: a streamed body, which :meth:`_handle` sends). ``out`` (method, target,
+        headers) is what a retry sends."""
         out = (request.method_raw, self.prefix + request.target, _end_to_end(request.headers, _REQ_DROP))
-        sent = self.client.begin(*out, body) if send else None
+        if sent is None and send:
+            sent = self.client.begin(*out, body)
         return body, out, sent, time.monotonic()
 
     async def handle(self, request: Request, reply: Reply) -> None:
@@ -358,7 +373,7 @@ def make_proxy(upstream_url: str, sink: Any, *, store_text: bool = False,
     completion request (see module doc). ``server.proxy`` holds its ``stats`` and in-flight
     requests. ``server_label`` (default ``host:port`` of the upstream) goes into ``record.server``."""
     proxy = _Proxy(upstream_url, sink, store_text, block_chars, server_label)
-    server = ProxyServer(proxy.handle, proxy.early, whole_body_max=MAX_ANALYSED_BODY)
+    server = ProxyServer(proxy.handle, proxy.early, whole_body_max=MAX_ANALYSED_BODY, fast=proxy.fast)
     server.proxy = proxy
     server.on_close.append(proxy.client.close)
     return server

@@ -24,7 +24,7 @@ class Request:
     its body via :meth:`read` or :meth:`iter_any`."""
 
     __slots__ = ("method", "method_raw", "target", "_path", "headers", "version", "keep_alive", "content_length",
-                 "chunked", "head_s", "early", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes", "_deferred")
+                 "chunked", "head_s", "early", "pre", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes", "_deferred")
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -46,6 +46,8 @@ class Request:
         self.head_s = (0.0, 0.0)
         #: what the server's ``early`` step returned for this request (None: it did not run)
         self.early: Any = None
+        #: what the server's ``fast`` step sent on for this request before parsing it (None: nothing)
+        self.pre: Any = None
         self._deferred = False
 
     @property

@@ -14,6 +14,10 @@ as soon as a request's whole body is in, before the handler's task starts (a rel
 on there: a task start and a loop step less before the bytes leave); what it returns is
 ``request.early``. Only for a request served at once whose body is declared at most
 ``whole_body_max`` bytes; a larger or chunked body goes to the handler at its head, to stream.
+``fast(data)`` (optional, synchronous) goes one step sooner: it sees each read on an idle
+connection before the parser does, and may send it on as it came (a whole plain request: see
+:mod:`kvdoctor.collect.proxy_plain`); what it returns (None: it did not) is ``request.pre`` for
+``early``, and is ``abandon()``-ed if the parser then refuses the request.
 Request bodies are handed over as they arrive, with a high-water mark that pauses reading from the
 client. A request head over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` lines gets 431, one the
 parser rejects 400, both with ``Connection: close``.
@@ -60,6 +64,9 @@ class _Conn(asyncio.Protocol):
         self._queue: collections.deque[Request] = collections.deque()  # parsed heads, not yet handled
         self._task: asyncio.Task[None] | None = None
         self._bad = False
+        #: what ``fast`` sent for the request being parsed, and when that request arrived
+        self._pre: Any = None
+        self._pre_s = (0.0, 0.0)
         #: when the connection last had nothing to do (ProxyServer._sweep closes it after KEEPALIVE_S)
         self.idle_since = time.monotonic()
 
@@ -116,6 +123,13 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._bad:
             return
+        srv = self.server
+        if srv.fast is not None and self._req is None and not self._queue:
+            self._pre_s = (time.time(), time.perf_counter())
+            try:
+                self._pre = srv.fast(data)
+            except Exception as e:  # noqa: BLE001 - the slow path then sends it
+                log.error("proxy: the fast step failed: %s: %s", type(e).__name__, e, exc_info=e)
         try:
             self.parser.feed_data(data)
         except _Refused as e:
@@ -130,12 +144,18 @@ class _Conn(asyncio.Protocol):
     def _refuse(self, status: int, message: str) -> None:
         """An answer the handler never sees: the head could not be read. Closes after it."""
         self._bad = True
+        self._abandon()
         if self._task is None or self._task.done():
             body = b'{"error":{"message":"%s","type":"bad_request","code":%d}}' % (
                 message.replace('"', "'").encode("ascii", "backslashreplace"), status)
             self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                                  b"Connection: close\r\n\r\n%s" % (status, PHRASES[status], len(body), body))
         self.transport.close()
+
+    def _abandon(self) -> None:
+        pre, self._pre = self._pre, None
+        if pre is not None:
+            pre.abandon()
 
     # ---- httptools callbacks
     def on_message_begin(self) -> None:
@@ -157,7 +177,7 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         r, p = self._req, self.parser
-        r.head_s = (time.time(), time.perf_counter())
+        r.head_s = self._pre_s if self._pre is not None else (time.time(), time.perf_counter())
         r.method_raw = m = p.get_method()
         r.method = m.decode("ascii", "replace")
         r.version = p.get_http_version()
@@ -182,6 +202,7 @@ class _Conn(asyncio.Protocol):
             if srv.early is not None and not r.chunked and (r.content_length or 0) <= srv.whole_body_max:
                 r._deferred = True  # started once the body is in (on_message_complete)
             else:
+                self._abandon()  # not the request fast took it for (cannot happen: its checks are stricter)
                 self._start()
         else:  # pipelined behind a request still being answered: take nothing more until then
             self.pause_reading()
@@ -195,9 +216,13 @@ class _Conn(asyncio.Protocol):
         self._req = None
         if r._deferred:
             r._deferred = False
+            r.pre, self._pre = self._pre, None
             try:
                 r.early = self.server.early(r)  # type: ignore[misc]
             except Exception as e:  # noqa: BLE001 - the handler then does it all itself
+                if r.pre is not None:  # it sends the request again: the first one is cut
+                    r.pre.abandon()
+                    r.pre = None
                 log.error("proxy: the early step failed for %s %s: %s: %s", r.method, r.path[:80],
                           type(e).__name__, e, exc_info=e)
             self._start()
@@ -249,9 +274,10 @@ class ProxyServer:
     """Listens and serves ``handler`` (``async (Request, Reply) -> None``) on every connection."""
 
     def __init__(self, handler: Handler, early: Callable[[Request], Any] | None = None,
-                 whole_body_max: int = 0) -> None:
+                 whole_body_max: int = 0, fast: Callable[[bytes], Any] | None = None) -> None:
         self.handler = handler
         self.early = early
+        self.fast = fast if early is not None else None  # what it sent, only early can take on
         self.whole_body_max = whole_body_max
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[_Conn] = set()

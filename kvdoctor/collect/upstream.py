@@ -209,6 +209,24 @@ class UpstreamClient:
         conn = self._pooled()
         return None if conn is None else self._write(conn, method, target, headers, body, None, None)
 
+    @property
+    def has_idle(self) -> bool:
+        """A pooled connection may be free for :meth:`begin_raw` (a cheap test before building a head)."""
+        return bool(self._idle)
+
+    def begin_raw(self, head: bytes, body: bytes) -> Response | None:
+        """:meth:`begin` for a request already rewritten for this hop (``head`` its whole head,
+        ``Host`` and framing included: :func:`~kvdoctor.collect.proxy_plain.plain_request`)."""
+        conn = self._pooled()
+        if conn is None:
+            return None
+        failed: BaseException | None = None
+        try:
+            conn.transport.writelines((head, body)) if body else conn.transport.write(head)  # type: ignore[union-attr]
+        except (ConnectionError, OSError) as e:
+            failed = e
+        return self._exchange(conn, failed, False)
+
     async def send(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
                    body: bytes | None = None, stream: Any = None, stream_length: int | None = None,
                    fresh: bool = False) -> Response:
@@ -255,7 +273,11 @@ class UpstreamClient:
                 conn.transport.write(b"".join(head))
         except (ConnectionError, OSError) as e:
             failed = e
-        r = Response(conn, head_only=method == b"HEAD")
+        return self._exchange(conn, failed, method == b"HEAD")
+
+    def _exchange(self, conn: _Conn, failed: BaseException | None, head_only: bool) -> Response:
+        """The response object and its parser for a request just written on ``conn``."""
+        r = Response(conn, head_only=head_only)
         conn.parser = httptools.HttpResponseParser(r)
         conn.response = r
         r.pooled, conn.used = conn.used, True

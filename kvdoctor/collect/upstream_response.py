@@ -106,6 +106,13 @@ class Response:
                 return
             yield data
 
+    def abandon(self) -> None:
+        """The request was sent, but its client's request turned out unanswerable: close the
+        connection (the upstream sees the client go away), never reuse it."""
+        self._conn.reusable = False
+        if self._conn.transport is not None:
+            self._conn.transport.close()
+
     # -- from the protocol --------------------------------------------------------------------
     def _wake(self) -> None:
         w = self._waiter

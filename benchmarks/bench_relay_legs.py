@@ -1,0 +1,183 @@
+"""The relay's own cost per request, in one process, without the host's noise: a proxy
+(``kvdoctor.collect.proxy.make_proxy``) driven through in-memory transports on a running event loop.
+
+    python benchmarks/bench_relay_legs.py [--n 3000] [--warm] [--json out.json]
+
+Per request, two legs are stamped, as ``bench_proxy.py`` sees them from outside:
+
+* **request leg**: from the client's bytes handed to the proxy (``data_received``) to the proxy's
+  write to the upstream connection;
+* **first-chunk leg**: from the upstream's response head and first SSE chunk handed to the proxy to
+  its write of that chunk to the client (the loop turn that wakes the relay and the head's write
+  included).
+
+Variants run interleaved, request by request, so drift hits them alike: ``fast`` (a whole plain
+request is sent on before it is parsed, ``kvdoctor.collect.proxy_plain``) and ``parsed`` (the same
+proxy with that step off: parsed, then sent from the read callback). Between requests the CPU caches
+are thrashed (a 32 MiB buffer walked), as on a host where the client, the engine and other processes
+ran since the proxy last did: what the relay costs there is mostly cache misses, ~5x its warm cost.
+``--warm`` leaves them warm. Prints P50/P90/P99 per leg and variant, in microseconds.
+
+A benchmark of the relay's code, not of a deployment: ``bench_proxy.py`` measures the real
+``kvdoctor attach --proxy`` over sockets against nginx.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvdoctor.collect import upstream  # noqa: E402
+from kvdoctor.collect.proxy import make_proxy  # noqa: E402
+from kvdoctor.collect.proxy_server import _Conn as ClientConn  # noqa: E402
+
+BODY = (b'{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":'
+        b'"Name three colours, then say why the sky is blue."}]}')
+#: what aiohttp's client sends (bench_proxy's load generator)
+REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:9000\r\nAccept: */*\r\n"
+           b"Accept-Encoding: gzip, deflate\r\nUser-Agent: Python/3.11 aiohttp/3.9.5\r\n"
+           b"Content-Length: %d\r\nContent-Type: application/json\r\n\r\n%s" % (len(BODY), BODY))
+
+
+def _chunk(b: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(b), b)
+
+
+FIRST = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+         b"Date: Thu, 03 Dec 2026 10:00:00 GMT\r\nServer: Python/3.11 aiohttp/3.9.5\r\n\r\n"
+         + _chunk(b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+                  b'"delta":{"content":"Red"}}]}\n\n'))
+REST = (_chunk(b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},'
+               b'"finish_reason":"length"}],"usage":{"prompt_tokens":24,"completion_tokens":2}}\n\n')
+        + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+
+class Transport:
+    """In-memory transport: stamps its first write (with ``mark`` in it, when given)."""
+
+    def __init__(self, mark: bytes = b"") -> None:
+        self.first_write_s: float | None = None
+        self.closing = False
+        self.mark = mark
+
+    def write(self, data: bytes) -> None:
+        if self.first_write_s is None and self.mark in data:
+            self.first_write_s = time.perf_counter()
+
+    def writelines(self, parts: Any) -> None:
+        self.write(b"".join(parts))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+class _Sink:
+    def emit(self, record: Any) -> None:
+        self.last = record
+
+    def source_status(self, name: str, ok: bool, detail: str = "") -> None:
+        pass
+
+
+_THRASH = bytearray(32 << 20)
+
+
+def thrash() -> None:
+    """Walk a buffer larger than the caches (one write per 64-byte line, in C)."""
+    _THRASH[::64] = b"\x01" * (len(_THRASH) // 64)
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
+    loop = asyncio.get_running_loop()
+    server = make_proxy("http://127.0.0.1:9", _Sink())
+    proxy = server.proxy
+    fast_step = server.fast
+    client = ClientConn(server)
+    client.connection_made(Transport())
+    up = upstream._Conn(loop)
+    up.connection_made(Transport())
+    up.used = True
+    legs: dict[str, dict[str, list[float]]] = {v: {"request": [], "first_chunk": []} for v in ("fast", "parsed")}
+    for i in range(n + 40):  # the first 40: warm-up, not counted
+        variant = ("fast", "parsed")[i % 2]
+        server.fast = fast_step if variant == "fast" else None
+        up.idle_since = time.monotonic()
+        up.transport = Transport()  # type: ignore[assignment]
+        proxy.client._idle.append(up)
+        client.transport = Transport(mark=b"Red")  # the first content chunk, not the head
+        if not warm:
+            thrash()
+        t0 = time.perf_counter()
+        client.data_received(REQUEST)
+        t_up = up.transport.first_write_s  # type: ignore[union-attr]
+        for _ in range(3):  # the handler's task runs up to its wait for the response head
+            await asyncio.sleep(0)
+        if not warm:
+            thrash()
+        t1 = time.perf_counter()
+        up.data_received(FIRST)
+        while client.transport.first_write_s is None:
+            await asyncio.sleep(0)
+        t_client = client.transport.first_write_s
+        up.data_received(REST)
+        while server.busy:
+            await asyncio.sleep(0)
+        if t_up is None or up not in proxy.client._idle:
+            raise SystemExit(f"request {i} ({variant}) did not go through the pooled connection")
+        proxy.client._idle.remove(up)
+        if i >= 40:
+            legs[variant]["request"].append((t_up - t0) * 1e6)
+            legs[variant]["first_chunk"].append((t_client - t1) * 1e6)
+    if proxy.stats["fast_path"] != (n + 40) // 2 or proxy.stats["records"] != n + 40:
+        raise SystemExit(f"unexpected proxy stats: {proxy.stats}")
+    return {v: {f"{leg}_p{q}_us": round(pct(xs, q), 1) for leg, xs in d.items() for q in (50, 90, 99)}
+            for v, d in legs.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=3000, help="requests, all variants together (default 3000)")
+    ap.add_argument("--warm", action="store_true", help="leave the CPU caches warm between requests")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args()
+    try:
+        import uvloop  # the loop kvdoctor attach runs on
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        runner = asyncio.run
+    out = runner(run(args.n, args.warm))
+    print(f"relay legs, in-process, {args.n} requests, caches {'warm' if args.warm else 'thrashed'} (us)")
+    cols = list(next(iter(out.values())))
+    print(f"{'':8}" + "".join(f"{c:>22}" for c in cols))
+    for v, row in out.items():
+        print(f"{v:8}" + "".join(f"{row[c]:>22}" for c in cols))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
