@@ -11,9 +11,11 @@ Per request, two legs are stamped, as ``bench_proxy.py`` sees them from outside:
   its write of that chunk to the client (the loop turn that wakes the relay and the head's write
   included).
 
-Variants run interleaved, request by request, so drift hits them alike: ``fast`` (a whole plain
-request is sent on before it is parsed, ``kvdoctor.collect.proxy_plain``) and ``parsed`` (the same
-proxy with that step off: parsed, then sent from the read callback). Between requests the CPU caches
+Variants run interleaved, request by request, so drift hits them alike: ``kvdoctor`` (as shipped: a
+whole plain request is sent on before it is parsed, ``kvdoctor.collect.proxy_plain``, and the
+response written from the upstream's read callbacks, ``kvdoctor.collect.proxy_eager``), ``parsed``
+(the request parsed first, then sent from the read callback) and ``task`` (the response written by
+the handler's task once the loop wakes it). Between requests the CPU caches
 are thrashed (a 32 MiB buffer walked), as on a host where the client, the engine and other processes
 ran since the proxy last did: what the relay costs there is mostly cache misses, ~5x its warm cost.
 ``--warm`` leaves them warm. Prints P50/P90/P99 per leg and variant, in microseconds.
@@ -33,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvdoctor.collect import upstream  # noqa: E402
+from kvdoctor.collect import proxy_eager, upstream  # noqa: E402
 from kvdoctor.collect.proxy import make_proxy  # noqa: E402
 from kvdoctor.collect.proxy_server import _Conn as ClientConn  # noqa: E402
 
@@ -120,10 +122,14 @@ async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
     up = upstream._Conn(loop)
     up.connection_made(Transport())
     up.used = True
-    legs: dict[str, dict[str, list[float]]] = {v: {"request": [], "first_chunk": []} for v in ("fast", "parsed")}
-    for i in range(n + 40):  # the first 40: warm-up, not counted
-        variant = ("fast", "parsed")[i % 2]
-        server.fast = fast_step if variant == "fast" else None
+    variants = ("kvdoctor", "parsed", "task")
+    eager_head = proxy_eager.EagerRelay.head
+    legs: dict[str, dict[str, list[float]]] = {v: {"request": [], "first_chunk": []} for v in variants}
+    for i in range(n + 45):  # the first 45: warm-up, not counted
+        variant = variants[i % 3]
+        server.fast = None if variant == "parsed" else fast_step
+        # "task": the hook does nothing, so the task starts the head and writes every chunk
+        proxy_eager.EagerRelay.head = (lambda self, up: None) if variant == "task" else eager_head  # type: ignore
         up.idle_since = time.monotonic()
         up.transport = Transport()  # type: ignore[assignment]
         proxy.client._idle.append(up)
@@ -148,10 +154,11 @@ async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
         if t_up is None or up not in proxy.client._idle:
             raise SystemExit(f"request {i} ({variant}) did not go through the pooled connection")
         proxy.client._idle.remove(up)
-        if i >= 40:
+        if i >= 45:
             legs[variant]["request"].append((t_up - t0) * 1e6)
             legs[variant]["first_chunk"].append((t_client - t1) * 1e6)
-    if proxy.stats["fast_path"] != (n + 40) // 2 or proxy.stats["records"] != n + 40:
+    proxy_eager.EagerRelay.head = eager_head  # type: ignore[method-assign]
+    if proxy.stats["fast_path"] != n + 45 - len(range(1, n + 45, 3)) or proxy.stats["records"] != n + 45:
         raise SystemExit(f"unexpected proxy stats: {proxy.stats}")
     return {v: {f"{leg}_p{q}_us": round(pct(xs, q), 1) for leg, xs in d.items() for q in (50, 90, 99)}
             for v, d in legs.items()}

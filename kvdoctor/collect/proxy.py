@@ -33,7 +33,9 @@ Overhead: on the critical path only a clock read and an incremental SSE split + 
 This module is the relay (the handler, retries, fail-open); the client side is
 :mod:`kvdoctor.collect.proxy_server`, the upstream leg :mod:`kvdoctor.collect.upstream`; the
 per-chunk annotation is :mod:`kvdoctor.collect.proxy_stream`, the record built from it
-:mod:`kvdoctor.collect.proxy_record`.
+:mod:`kvdoctor.collect.proxy_record`; a plain request is sent on before it is parsed
+(:mod:`kvdoctor.collect.proxy_plain`) and the response written from the upstream's read callbacks
+while nothing makes it wait (:mod:`kvdoctor.collect.proxy_eager`).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from typing import Any, Sequence
 import orjson
 from yarl import URL
 
+from kvdoctor.collect.proxy_eager import EagerRelay
 from kvdoctor.collect.proxy_exchange import Reply, Request
 from kvdoctor.collect.proxy_plain import plain_request
 from kvdoctor.collect.proxy_record import build_record, client_request_id, traceparent_trace_id
@@ -252,9 +255,13 @@ class _Proxy:
                       sent: Response | None, t_send: float) -> None:
         method, target, headers = out
         length = request.content_length if stream is not None else None  # the client's framing, else chunked
+        # the response's head and chunks go to the client from the upstream's read callbacks while
+        # they can (proxy_eager); the analysis state lives there, for this task to take over
+        rs = EagerRelay(reply, an, request.method == "HEAD", _end_to_end, self._fail)
         try:
             try:
                 if sent is not None:
+                    sent.eager = rs
                     up = await self.client.head(sent)
                 else:
                     up = await self.client.send(method, target, headers, body, stream, length)
@@ -297,7 +304,7 @@ class _Proxy:
         self._status(True, "upstream reachable")
         done = False
         try:
-            done = await self._relay(request, reply, up, an, body)
+            done = await self._relay(request, reply, up, rs, body)
         finally:
             # keep the connection unless it is broken or the server is about to drop it
             # (cpp-httplib closes a keep-alive connection used longer than 5 s)
@@ -305,28 +312,32 @@ class _Proxy:
                                and not (self.close_after_stream
                                         and up.content_type.startswith("text/event-stream")))
 
-    async def _relay(self, request: Request, reply: Reply, up: Response,
-                     an: StreamAnnotator | None, body: bytes) -> bool:
-        """Stream the upstream response to the client; True when its body was fully relayed."""
-        if an is not None:
-            try:
-                an.start(up.status, up.content_type)
-            except Exception as e:  # noqa: BLE001
-                self._fail(an, "start", e)
-                an = None
-        try:
-            reply.start(up.status, up.reason, _end_to_end(up.headers))
-        except ConnectionError as e:
-            # the client gave up while the request waited upstream (queued behind busy slots)
+    async def _relay(self, request: Request, reply: Reply, up: Response, rs: EagerRelay, body: bytes) -> bool:
+        """Stream the upstream response to the client (what the read callbacks did not already:
+        ``rs``); True when its body was fully relayed."""
+        if not rs.started:
+            an = rs.an
             if an is not None:
-                self._abort(an, body, "cancelled", f"client disconnected before the response: {type(e).__name__}")
-            return False
+                try:
+                    an.start(up.status, up.content_type)
+                except Exception as e:  # noqa: BLE001
+                    self._fail(an, "start", e)
+                    rs.an = None
+            try:
+                reply.start(up.status, up.reason, _end_to_end(up.headers))
+            except ConnectionError as e:
+                # the client gave up while the request waited upstream (queued behind busy slots)
+                if rs.an is not None:
+                    self._abort(rs.an, body, "cancelled",
+                                f"client disconnected before the response: {type(e).__name__}")
+                return False
         if request.method == "HEAD":
             await reply.end()
             return True
         client_gone = False
         try:
-            async for chunk in up.iter_any():
+            async for chunk in up.iter_any():  # what the read callbacks queued (rs.on is off by now)
+                an = rs.an
                 now = an.now() if an is not None else 0.0
                 try:
                     await reply.write(chunk)
@@ -340,14 +351,17 @@ class _Proxy:
                         an.feed(chunk, now)
                     except Exception as e:  # noqa: BLE001
                         self._fail(an, "feed", e)
-                        an = None
+                        rs.an = None
         except UpstreamError as e:
             # upstream broke mid-body: the client must see a broken response, not a clean end
             self.stats["upstream_errors"] += 1
-            if an is not None:
-                self._abort(an, body, "error", f"upstream closed mid-response: {type(e).__name__}")
+            rs.on = False
+            if rs.an is not None:
+                self._abort(rs.an, body, "error", f"upstream closed mid-response: {type(e).__name__}")
             reply.abort()
             return False
+        rs.on = False
+        an = rs.an
         if an is not None:
             try:
                 an.end(an.now())

@@ -157,7 +157,9 @@ class Reply:
             out.append(b"\r\n" if self._req.version == "1.1" else b"Connection: keep-alive\r\n\r\n")
         self._conn.transport.write(b"".join(out))
 
-    async def write(self, chunk: bytes) -> None:
+    def write_now(self, chunk: bytes) -> None:
+        """Write a body chunk without waiting for the client to read (the caller checks
+        ``write_paused`` after it); ConnectionResetError, nothing written, once the client is gone."""
         conn = self._conn
         if conn.lost:
             raise ConnectionResetError("client closed the connection")
@@ -167,8 +169,12 @@ class Reply:
             conn.transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
         else:
             conn.transport.write(chunk)
-        if conn.write_paused:
-            await conn.drain()
+
+    async def write(self, chunk: bytes) -> None:
+        """Write a body chunk; wait while the client's buffer is over its high-water mark."""
+        self.write_now(chunk)
+        if self._conn.write_paused:
+            await self._conn.drain()
 
     async def end(self) -> None:
         conn = self._conn

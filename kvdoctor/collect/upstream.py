@@ -71,6 +71,7 @@ class _Conn(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             return
+        r.read_stamp = None
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade, HeadTooLarge) as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 if TYPE_CHECKING:
     from kvdoctor.collect.upstream import _Conn
@@ -50,7 +50,7 @@ class Response:
 
     __slots__ = ("status", "reason", "headers", "complete", "_chunks", "_buffered", "_exc", "_waiter",
                  "_conn", "_head", "_head_bytes", "_reason_parts", "_head_only",
-                 "_delimited", "_paused", "keep_alive", "content_type", "pooled")
+                 "_delimited", "_paused", "keep_alive", "content_type", "pooled", "eager", "read_stamp")
 
     def __init__(self, conn: "_Conn", head_only: bool) -> None:
         self.status = 0
@@ -77,6 +77,13 @@ class Response:
         self.keep_alive = False
         #: sent on a connection that carried an exchange before (which the server may have closed)
         self.pooled = False
+        #: the relay's hook, if any, called from the parser: ``head(self)`` once the final head is
+        #: in, ``body(chunk)`` per body chunk while nothing is queued (True: it took the chunk)
+        #: (:class:`~kvdoctor.collect.proxy_eager.EagerRelay`)
+        self.eager: Any = None
+        #: the hook's clock reading for the read being parsed (None at each new read): chunks of
+        #: one read share it, as a client reading them at once would see them
+        self.read_stamp: float | None = None
 
     async def read(self) -> bytes:
         """The body bytes arrived since the last call, joined (waits for some); ``b""`` at its
@@ -169,9 +176,13 @@ class Response:
             self.complete = True
             self._conn.reusable = False
             self._wake()
+        if self.eager is not None:
+            self.eager.head(self)
 
     def on_body(self, body: bytes) -> None:
         if self._head_only:
+            return
+        if self.eager is not None and not self._chunks and self.eager.body(self, body):
             return
         self._chunks.append(body)
         self._buffered += len(body)
