@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvdoctor.collect import proxy_eager, upstream  # noqa: E402
 from kvdoctor.collect.proxy import make_proxy  # noqa: E402
 from kvdoctor.collect.proxy_server import _Conn as ClientConn  # noqa: E402
+from kvdoctor.testing.memory_transport import MemoryTransport  # noqa: E402
 
 BODY = (b'{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":'
         b'"Name three colours, then say why the sky is blue."}]}')
@@ -58,37 +59,6 @@ FIRST = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encodi
 REST = (_chunk(b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},'
                b'"finish_reason":"length"}],"usage":{"prompt_tokens":24,"completion_tokens":2}}\n\n')
         + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-
-
-class Transport:
-    """In-memory transport: stamps its first write (with ``mark`` in it, when given)."""
-
-    def __init__(self, mark: bytes = b"") -> None:
-        self.first_write_s: float | None = None
-        self.closing = False
-        self.mark = mark
-
-    def write(self, data: bytes) -> None:
-        if self.first_write_s is None and self.mark in data:
-            self.first_write_s = time.perf_counter()
-
-    def writelines(self, parts: Any) -> None:
-        self.write(b"".join(parts))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
 
 
 class _Sink:
@@ -118,9 +88,9 @@ async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
     proxy = server.proxy
     fast_step = server.fast
     client = ClientConn(server)
-    client.connection_made(Transport())
+    client.connection_made(MemoryTransport(keep=False))
     up = upstream._Conn(loop)
-    up.connection_made(Transport())
+    up.connection_made(MemoryTransport(keep=False))
     up.used = True
     variants = ("kvdoctor", "parsed", "task")
     eager_head = proxy_eager.EagerRelay.head
@@ -131,9 +101,9 @@ async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
         # "task": the hook does nothing, so the task starts the head and writes every chunk
         proxy_eager.EagerRelay.head = (lambda self, up: None) if variant == "task" else eager_head  # type: ignore
         up.idle_since = time.monotonic()
-        up.transport = Transport()  # type: ignore[assignment]
+        up.transport = MemoryTransport(keep=False)  # type: ignore[assignment]
         proxy.client._idle.append(up)
-        client.transport = Transport(mark=b"Red")  # the first content chunk, not the head
+        client.transport = MemoryTransport(mark=b"Red", keep=False)  # the first content chunk, not the head
         if not warm:
             thrash()
         t0 = time.perf_counter()

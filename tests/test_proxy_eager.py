@@ -13,6 +13,7 @@ from kvdoctor.collect import upstream
 from kvdoctor.collect.base import ListSink
 from kvdoctor.collect.proxy import make_proxy
 from kvdoctor.collect.proxy_server import _Conn as ClientConn
+from kvdoctor.testing.memory_transport import MemoryTransport as Transport
 
 BODY = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\n"
@@ -30,46 +31,6 @@ def event(word: str) -> bytes:
 
 END = chunk(b'data: {"choices":[{"delta":{}}],"usage":{"prompt_tokens":5,"completion_tokens":4}}\n\n'
             b"data: [DONE]\n\n") + b"0\r\n\r\n"
-
-
-class Transport:
-    """Keeps what is written; with ``high_water``, tells the protocol to pause writing once more
-    than that waits unread (:meth:`drain`: the client read it all)."""
-
-    def __init__(self, protocol: Any = None, high_water: int | None = None) -> None:
-        self.data = bytearray()
-        self.unread = 0
-        self.closing = False
-        self.protocol, self.high_water = protocol, high_water
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-        self.unread += len(data)
-        if self.high_water is not None and self.unread > self.high_water and not self.protocol.write_paused:
-            self.protocol.pause_writing()
-
-    def drain(self) -> None:
-        self.unread = 0
-        if self.protocol.write_paused:
-            self.protocol.resume_writing()
-
-    def writelines(self, parts: Any) -> None:
-        self.write(b"".join(parts))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
 
 
 class Body:

@@ -346,12 +346,7 @@ class _Proxy:
                     if an is not None and not an.saw_done:
                         an.status, an.note = "cancelled", f"client disconnected: {type(e).__name__}"
                     break
-                if an is not None:
-                    try:
-                        an.feed(chunk, now)
-                    except Exception as e:  # noqa: BLE001
-                        self._fail(an, "feed", e)
-                        rs.an = None
+                rs.feed(chunk, now)
         except UpstreamError as e:
             # upstream broke mid-body: the client must see a broken response, not a clean end
             self.stats["upstream_errors"] += 1

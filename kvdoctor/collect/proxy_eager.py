@@ -69,10 +69,15 @@ class EagerRelay:
             return False
         if self.reply._conn.write_paused:
             self.on = False  # the client reads slower than the upstream sends: the task waits for it
+        self.feed(chunk, now)
+        return True
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """Analyse a chunk written to the client (here or by the task); a failure ends the analysis."""
+        an = self.an
         if an is not None:
             try:
                 an.feed(chunk, now)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - analysis never stands in the way of traffic
                 self._fail(an, "feed", e)
                 self.an = None
-        return True
