@@ -316,15 +316,8 @@ class _Proxy:
         """Stream the upstream response to the client (what the read callbacks did not already:
         ``rs``); True when its body was fully relayed."""
         if not rs.started:
-            an = rs.an
-            if an is not None:
-                try:
-                    an.start(up.status, up.content_type)
-                except Exception as e:  # noqa: BLE001
-                    self._fail(an, "start", e)
-                    rs.an = None
             try:
-                reply.start(up.status, up.reason, _end_to_end(up.headers))
+                rs.start(up)
             except ConnectionError as e:
                 # the client gave up while the request waited upstream (queued behind busy slots)
                 if rs.an is not None:
@@ -336,7 +329,7 @@ class _Proxy:
             return True
         client_gone = False
         try:
-            async for chunk in up.iter_any():  # what the read callbacks queued (rs.on is off by now)
+            async for chunk in up.iter_any():  # what the read callbacks queued (once one is, they write no more)
                 an = rs.an
                 now = an.now() if an is not None else 0.0
                 try:
@@ -350,12 +343,10 @@ class _Proxy:
         except UpstreamError as e:
             # upstream broke mid-body: the client must see a broken response, not a clean end
             self.stats["upstream_errors"] += 1
-            rs.on = False
             if rs.an is not None:
                 self._abort(rs.an, body, "error", f"upstream closed mid-response: {type(e).__name__}")
             reply.abort()
             return False
-        rs.on = False
         an = rs.an
         if an is not None:
             try:

@@ -40,7 +40,9 @@ class EagerRelay:
         #: body chunks are written here as they come
         self.on = False
 
-    def head(self, up: Any) -> None:
+    def start(self, up: Any) -> None:
+        """Start the reply with the upstream's head (and the analysis with its status); raises
+        ConnectionError when the client is gone. From :meth:`head`, or from the task if not."""
         an = self.an
         if an is not None:
             try:
@@ -48,11 +50,14 @@ class EagerRelay:
             except Exception as e:  # noqa: BLE001 - analysis never stands in the way of traffic
                 self._fail(an, "start", e)
                 self.an = None
+        self.reply.start(up.status, up.reason, self._end_to_end(up.headers))
+        self.started = True
+
+    def head(self, up: Any) -> None:
         try:
-            self.reply.start(up.status, up.reason, self._end_to_end(up.headers))
+            self.start(up)
         except Exception:  # noqa: BLE001 - the client left (or worse): the task starts it and sees why
             return
-        self.started = True
         self.on = not self._head_only
 
     def body(self, up: Any, chunk: bytes) -> bool:

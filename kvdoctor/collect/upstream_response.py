@@ -78,7 +78,7 @@ class Response:
         #: sent on a connection that carried an exchange before (which the server may have closed)
         self.pooled = False
         #: the relay's hook, if any, called from the parser: ``head(self)`` once the final head is
-        #: in, ``body(chunk)`` per body chunk while nothing is queued (True: it took the chunk)
+        #: in, ``body(self, chunk)`` per body chunk while nothing is queued (True: it took the chunk)
         #: (:class:`~kvdoctor.collect.proxy_eager.EagerRelay`)
         self.eager: Any = None
         #: the hook's clock reading for the read being parsed (None at each new read): chunks of
