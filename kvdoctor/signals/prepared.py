@@ -212,6 +212,11 @@ class Prepared:
             self._session = self.cap.requests.codes("session_id")[0][self._order]
         return self._session
 
+    @property
+    def request_ids(self) -> np.ndarray:
+        """Request ids (an object array) in arrival order."""
+        return np.asarray(self.cap.requests.strings("request_id"), dtype=object)[self._order]
+
     def column(self, name: str) -> np.ndarray:
         col = self.col.get(name)
         if col is None and name == "achievable_cached_tokens":  # costly: only when a rule asks

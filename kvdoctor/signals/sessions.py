@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .host import contended
-from .registry import fit, signal
+from .registry import fit, signal, trend_z
 
 MIN_PER_TURN = 3
 
@@ -92,6 +92,33 @@ def turn_ttft_corr(w):
     """Rank correlation of per-turn median TTFT with turn number."""
     turns, meds = _turn_medians(w, "ttft_s")
     return fit(turns, meds, min_n=4)[1] if len(turns) >= 4 else np.nan
+
+
+def _trend_z(w, column: str) -> float:
+    """trend_z of `column` on the turn number within each conversation (one stratum for requests
+    without a conversation id), requests that ran while the host was contended left out."""
+    turn, v = w.r("turn"), w.r(column)
+    m = np.isfinite(turn) & np.isfinite(v) & ~contended(w)
+    if len(np.unique(turn[m])) < 4:
+        return np.nan
+    return trend_z(w.prep.session[w.req][m], turn[m], v[m])
+
+
+@signal("turn_tpot_trend_z", "z")
+def turn_tpot_trend_z(w):
+    """How consistently a later turn of a conversation decodes slower than an earlier one (per
+    request: median inter-token gap where measured, else TPOT): the stratified Mann-Kendall z over
+    every pair of requests within one conversation. Unlike a correlation of per-turn medians, it
+    uses every request and compares each conversation only with itself, so a batch that happened
+    to run beside a long prefill moves it little; 3 is ~1 in 1,000 by chance."""
+    return _trend_z(w, _decode_step(w))
+
+
+@signal("turn_ttft_trend_z", "z")
+def turn_ttft_trend_z(w):
+    """How consistently a later turn of a conversation waits longer for its first token than an
+    earlier one (stratified Mann-Kendall z, as turn_tpot_trend_z)."""
+    return _trend_z(w, "ttft_s")
 
 
 @signal("sessions", "count")
