@@ -118,7 +118,8 @@ def client_turn_growth(timings, what: str, leave_out=frozenset()) -> tuple[float
     """The client's own per-turn growth, read as kv-growth-per-turn reads the capture: the fitted
     change per turn of the per-turn median (``decode``: each request's median gap between text
     chunks; ``ttft``), as a share of turn 1's, and the stratified trend z within each conversation.
-    ``leave_out``: request ids the diagnosis left out of trends (they ran on a contended host)."""
+    ``leave_out``: request ids the diagnosis left out of this trend (run on a contended host; for
+    decode, also streams read in bursts)."""
     rows = [(t.session_id, t.turn, float(np.median(np.diff(t.chunk_times_s))) if what == "decode" else t.ttft_s)
             for t in timings if t.status == "ok" and t.ttft_s is not None and len(t.chunk_times_s) >= 3
             and t.request_id not in leave_out]
@@ -138,7 +139,7 @@ def expect_turn_growth(diag, timings) -> None:
     load's: a 135M model's decode step is mostly its weights, so the history's KV grows it by a few
     per cent a turn on a quiet machine (2.6-8%/turn) and not at all when the step is dominated by
     other costs (a fresh-clone run saw ITL ~120 ms flat over 8 turns). The client's timings, on the
-    requests the diagnosis kept (not those it left out as run on a contended host), are the ground
+    requests the diagnosis kept (not those run on a contended host or read in bursts), are the ground
     truth, read with the rule's own statistics. Clear growth (half again the rule's size threshold,
     and a trend z 1.5 past its own: the proxy's gaps are not the client's to the last per cent), or
     the rule fired: it must be the top cause (check_named, after this). No growth: the rule must
@@ -146,11 +147,12 @@ def expect_turn_growth(diag, timings) -> None:
     either verdict was right."""
     params = next(r for r in load_rules() if r.id == "kv-growth-per-turn").params
     whole = diag.prepared.window(diag.start_s, diag.end_s)
-    left_out = frozenset(whole.prep.request_ids[whole.req][contended(whole)])
-    (dec, dec_z), (ttft, ttft_z) = (client_turn_growth(timings, "decode", left_out),
-                                    client_turn_growth(timings, "ttft", left_out))
+    ids, held = whole.prep.request_ids[whole.req], contended(whole)
+    unread = whole.prep.read_late[whole.req]  # streams read in bursts: no decode gaps measured
+    (dec, dec_z), (ttft, ttft_z) = (client_turn_growth(timings, "decode", frozenset(ids[held | unread])),
+                                    client_turn_growth(timings, "ttft", frozenset(ids[held])))
     seen = (f"client: decode {dec:+.1%}/turn (trend z {dec_z:.1f}), TTFT {ttft:+.1%}/turn (z {ttft_z:.1f}); "
-            f"{len(left_out)} requests left out as contended")
+            f"left out: {int(held.sum())} requests run on a contended host, {int(unread.sum())} streams read in bursts")
     fired = "kv-growth-per-turn" in {c.rule.id for inc in diag.incidents for c in inc.causes}
     z_min = params["min_trend_z"]
     flat = ((dec < 0.5 * params["min_tpot_growth"] or dec_z < 0.5 * z_min)
