@@ -86,3 +86,14 @@ def test_one_huge_stratum_is_subsampled_not_quadratic():
 def test_needs_two_distinct_turns_in_some_conversation():
     assert np.isnan(trend_z(np.arange(5), np.arange(5.0), np.arange(5.0)))  # every request its own conversation
     assert np.isnan(trend_z(np.zeros(5, dtype=np.int64), np.ones(5), np.arange(5.0)))
+
+
+def test_past_max_points_whole_conversations_are_kept_evenly():
+    """1,000 conversations x 8 turns with max_points 800: every 10th conversation, all its pairs
+    (exactly the test over those conversations), so the cost is bounded and z keeps its meaning."""
+    rng = np.random.default_rng(5)
+    stratum, turn = np.repeat(np.arange(1000) * 3 + 7, 8), np.tile(np.arange(8.0), 1000)
+    y = 1 + 0.02 * turn + rng.normal(scale=0.1, size=len(turn))
+    kept = np.isin(stratum, np.unique(stratum)[::10])
+    assert trend_z(stratum, turn, y, max_points=800) == pytest.approx(reference_z(stratum[kept], turn[kept], y[kept]))
+    assert trend_z(stratum, turn, y) > trend_z(stratum, turn, y, max_points=800) > 3

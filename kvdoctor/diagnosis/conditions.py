@@ -102,13 +102,17 @@ def evaluate3(cond: Cond, value: Callable[[str], float], slo: dict[str, float],
               params: dict[str, float]) -> bool | None:
     """True, False, or None (unknown: the answer depends on a signal the window lacks)."""
     if isinstance(cond, Node):
-        got = [evaluate3(c, value, slo, params) for c in cond.children]
         if cond.kind == "not":
-            return None if got[0] is None else not got[0]
+            got = evaluate3(cond.children[0], value, slo, params)
+            return None if got is None else not got
         decisive = cond.kind == "any"  # True decides an any, False decides an all
-        if decisive in got:
-            return decisive
-        return None if None in got else not decisive
+        unknown = False
+        for c in cond.children:  # in order, stopping at the first decisive answer: signals are costly
+            got = evaluate3(c, value, slo, params)
+            if got is decisive:
+                return decisive
+            unknown = unknown or got is None
+        return None if unknown else not decisive
     if cond.rhs.startswith("slo.") and cond.rhs[4:] not in slo:
         return False
     lhs = value(cond.lhs)
