@@ -766,7 +766,7 @@ def test_real_streaming_intact_and_timings_agree_with_client(llama):
     recs = sink.records[1:]
     assert len(recs) == 4 and all(r.status == "ok" for r in recs)
     # match proxy records to client timings by prompt (store_text=True keeps it)
-    d_first, d_itl = [], []
+    d_first, d_itl, d_ttft = [], [], []
     for i, t in enumerate(timings):
         assert t.status == "ok"
         (rec,) = [r for r in recs if f"the number {i}." in r.prompt_text]
@@ -777,14 +777,17 @@ def test_real_streaming_intact_and_timings_agree_with_client(llama):
         d_first.append(abs(rec.first_token_s - t.first_token_s))
         assert rec.finish_s == pytest.approx(t.finish_s, abs=0.010)
         # ... TTFT also holds the client's connect + send time, which the proxy cannot see
-        # (a few ms on a loaded 2-core box, client and proxy sharing one event loop here)
+        # (a few ms on a loaded 2-core box, client and proxy sharing one event loop here; once in
+        # a while tens of ms, when the OS runs llama-server's threads between the client's send
+        # stamp and the proxy's read: 24 ms in one fresh-clone run): never less, typically close
         assert rec.ttft_s <= t.ttft_s + 0.002
-        assert rec.ttft_s == pytest.approx(t.ttft_s, abs=0.020)
+        d_ttft.append(t.ttft_s - rec.ttft_s)
         assert rec.tpot_s == pytest.approx(t.tpot_s, abs=0.003)
         client_itl = [b - a for a, b in zip(t.chunk_times_s, t.chunk_times_s[1:])]
         d_itl += [abs(a - b) for a, b in zip(rec.itl_s, client_itl)]
     # typical agreement within a few ms; a rare scheduler hiccup on a shared box is tolerated
     assert sorted(d_first)[len(d_first) // 2] < 0.003 and max(d_first) < 0.020
+    assert sorted(d_ttft)[len(d_ttft) // 2] < 0.010 and max(d_ttft) < 0.050, d_ttft  # as arrival_s vs send_s
     assert sorted(d_itl)[int(0.95 * (len(d_itl) - 1))] < 0.005
     assert sum(d_itl) / len(d_itl) < 0.002
 
