@@ -766,7 +766,7 @@ def test_real_streaming_intact_and_timings_agree_with_client(llama):
     recs = sink.records[1:]
     assert len(recs) == 4 and all(r.status == "ok" for r in recs)
     # match proxy records to client timings by prompt (store_text=True keeps it)
-    d_first, d_itl, d_ttft = [], [], []
+    d_first, d_itl, d_ttft, d_finish = [], [], [], []
     for i, t in enumerate(timings):
         assert t.status == "ok"
         (rec,) = [r for r in recs if f"the number {i}." in r.prompt_text]
@@ -775,7 +775,7 @@ def test_real_streaming_intact_and_timings_agree_with_client(llama):
         assert len(rec.itl_s) == len(t.chunk_times_s) - 1
         # the instants the proxy sees agree with the client's within a few ms ...
         d_first.append(abs(rec.first_token_s - t.first_token_s))
-        assert rec.finish_s == pytest.approx(t.finish_s, abs=0.010)
+        d_finish.append(abs(rec.finish_s - t.finish_s))
         # ... TTFT also holds the client's connect + send time, which the proxy cannot see
         # (a few ms on a loaded 2-core box, client and proxy sharing one event loop here; once in
         # a while tens of ms, when the OS runs llama-server's threads between the client's send
@@ -787,6 +787,8 @@ def test_real_streaming_intact_and_timings_agree_with_client(llama):
         d_itl += [abs(a - b) for a, b in zip(rec.itl_s, client_itl)]
     # typical agreement within a few ms; a rare scheduler hiccup on a shared box is tolerated
     assert sorted(d_first)[len(d_first) // 2] < 0.003 and max(d_first) < 0.020
+    # the end likewise (18 ms once in a fresh-clone run, the OS running llama-server between the two reads)
+    assert sorted(d_finish)[len(d_finish) // 2] < 0.010 and max(d_finish) < 0.050, d_finish
     assert sorted(d_ttft)[len(d_ttft) // 2] < 0.010 and max(d_ttft) < 0.050, d_ttft  # as arrival_s vs send_s
     assert sorted(d_itl)[int(0.95 * (len(d_itl) - 1))] < 0.005
     assert sum(d_itl) / len(d_itl) < 0.002
