@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import psutil
 import pytest
 
 import kvdoctor
@@ -368,9 +369,15 @@ class TestMainServer:
             assert queries > 0 and hits / queries >= 0.5 * (len(timings) - 1) / len(timings), (hits, queries)
 
     def test_client_disconnect_is_not_an_abort(self, main, tmp_path):
+        """A client that leaves mid-stream: the proxy cuts its upstream connection at once, so vLLM
+        stops generating (and does not count the request as finished or aborted); the capture
+        records it as cancelled."""
+        wait_idle(main)  # nothing from an earlier test still running: the counters below are this request's
         out = tmp_path / "cap"
-        aborts0 = metric(main, "vllm:request_success_total", finished_reason="abort")
+        finished = lambda: metric(main, "vllm:request_success_total")  # noqa: E731 - every finished_reason
+        aborts0, finished0 = metric(main, "vllm:request_success_total", finished_reason="abort"), finished()
         gen0 = metric(main, "vllm:generation_tokens_total")
+        port = int(main.url.rsplit(":", 1)[1])
         with S.AttachedAgent(main.url, out, main.pid) as att:
             async def leave_early():
                 body = {"model": "default", "stream": True, "max_tokens": 400, "ignore_eos": True,
@@ -382,18 +389,41 @@ class TestMainServer:
                         async for line in resp.content:
                             n += line.startswith(b"data:")
                             if n >= 3:
-                                return  # the client goes away mid-stream
-            asyncio.run(leave_early())
-            deadline = time.monotonic() + 60
-            while metric(main, "vllm:num_requests_running") > 0 and time.monotonic() < deadline:
-                time.sleep(0.5)
+                                return upstream_conns(port)  # the client goes away mid-stream
+            streaming = asyncio.run(leave_early())
+            t_left = time.monotonic()
+            assert streaming, "no connection from the proxy to vLLM while the stream was relayed"
+            # the proxy's upstream connection closes (scrapes use short-lived ones of their own)
+            while upstream_conns(port) & streaming and time.monotonic() - t_left < 5:
+                time.sleep(0.02)
+            cut_s = time.monotonic() - t_left
+            assert not upstream_conns(port) & streaming, "the proxy kept its upstream connection 5 s after the client left"
+            wait_idle(main)
+            idle_s = time.monotonic() - t_left
             time.sleep(1.5)  # one more scrape
-        generated = metric(main, "vllm:generation_tokens_total") - gen0
-        assert generated < 400, "vLLM stopped generating when the client left"
-        assert metric(main, "vllm:request_success_total", finished_reason="abort") == aborts0
+        generated, ran_out = metric(main, "vllm:generation_tokens_total") - gen0, finished() - finished0
         cap = kvdoctor.load(out)
-        status = dict(zip(cap.requests.strings("request_id"), cap.requests.strings("status")))
-        assert status["leaves-early"] == "cancelled"
+        rec = {k: dict(zip(cap.requests.strings("request_id"), cap.requests.strings(k))).get("leaves-early")
+               for k in ("status", "error")}
+        facts = (f"proxy cut its upstream connection {cut_s * 1000:.0f} ms after the client left; vLLM idle "
+                 f"after {idle_s:.1f} s, {generated:.0f} tokens generated, {ran_out:.0f} requests finished; record {rec}")
+        assert generated < 400 and ran_out == 0, "vLLM ran the request on after the proxy left: " + facts
+        assert metric(main, "vllm:request_success_total", finished_reason="abort") == aborts0, facts
+        assert rec["status"] == "cancelled", facts
+
+
+def upstream_conns(port: int) -> set:
+    """This process's established TCP connections to ``port`` (local ends)."""
+    return {c.laddr for c in psutil.Process().net_connections("tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+
+
+def wait_idle(server, timeout_s: float = 60) -> None:
+    """Until vLLM has no request running or waiting."""
+    deadline = time.monotonic() + timeout_s
+    while (metric(server, "vllm:num_requests_running") + metric(server, "vllm:num_requests_waiting") > 0
+           and time.monotonic() < deadline):
+        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------ prefix caching off
