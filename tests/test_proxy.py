@@ -786,10 +786,13 @@ def test_real_streaming_intact_and_timings_agree_with_client(llama):
         client_itl = [b - a for a, b in zip(t.chunk_times_s, t.chunk_times_s[1:])]
         d_itl += [abs(a - b) for a, b in zip(rec.itl_s, client_itl)]
     # typical agreement within a few ms; a rare scheduler hiccup on a shared box is tolerated
-    assert sorted(d_first)[len(d_first) // 2] < 0.003 and max(d_first) < 0.050, d_first
+    def typical(d, median_s, worst_s):
+        return sorted(d)[len(d) // 2] < median_s and max(d) < worst_s
+
+    assert typical(d_first, 0.003, 0.050), d_first
     # the end likewise (18 ms once in a fresh-clone run, the OS running llama-server between the two reads)
-    assert sorted(d_finish)[len(d_finish) // 2] < 0.010 and max(d_finish) < 0.050, d_finish
-    assert sorted(d_ttft)[len(d_ttft) // 2] < 0.010 and max(d_ttft) < 0.050, d_ttft  # as arrival_s vs send_s
+    assert typical(d_finish, 0.010, 0.050), d_finish
+    assert typical(d_ttft, 0.010, 0.050), d_ttft  # as arrival_s vs send_s
     assert sorted(d_itl)[int(0.95 * (len(d_itl) - 1))] < 0.005
     assert sum(d_itl) / len(d_itl) < 0.002
 

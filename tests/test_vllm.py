@@ -179,12 +179,13 @@ def evidence(c) -> dict:
     return {k: v["value"] for k, v in c["evidence"].items()}
 
 
-def metric(server, name, **labels) -> float:
+def metric(server, *names, **labels) -> float:
+    """The sum of every sample of ``names`` with ``labels``, from one read of ``/metrics``."""
     _, body = server.get("/metrics")
     total = 0.0
     for fam in parse_families(body):
         for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            if s.name in names and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
     return total
 
@@ -377,7 +378,6 @@ class TestMainServer:
         finished = lambda: metric(main, "vllm:request_success_total")  # noqa: E731 - every finished_reason
         aborts0, finished0 = metric(main, "vllm:request_success_total", finished_reason="abort"), finished()
         gen0 = metric(main, "vllm:generation_tokens_total")
-        port = int(main.url.rsplit(":", 1)[1])
         with S.AttachedAgent(main.url, out, main.pid) as att:
             async def leave_early():
                 body = {"model": "default", "stream": True, "max_tokens": 400, "ignore_eos": True,
@@ -389,15 +389,15 @@ class TestMainServer:
                         async for line in resp.content:
                             n += line.startswith(b"data:")
                             if n >= 3:
-                                return upstream_conns(port)  # the client goes away mid-stream
+                                return upstream_conns(main.port)  # the client goes away mid-stream
             streaming = asyncio.run(leave_early())
             t_left = time.monotonic()
             assert streaming, "no connection from the proxy to vLLM while the stream was relayed"
             # the proxy's upstream connection closes (scrapes use short-lived ones of their own)
-            while upstream_conns(port) & streaming and time.monotonic() - t_left < 5:
+            while upstream_conns(main.port) & streaming and time.monotonic() - t_left < 5:
                 time.sleep(0.02)
             cut_s = time.monotonic() - t_left
-            assert not upstream_conns(port) & streaming, "the proxy kept its upstream connection 5 s after the client left"
+            assert not upstream_conns(main.port) & streaming, "the proxy kept its upstream connection 5 s after the client left"
             wait_idle(main)
             idle_s = time.monotonic() - t_left
             time.sleep(1.5)  # one more scrape
@@ -421,8 +421,7 @@ def upstream_conns(port: int) -> set:
 def wait_idle(server, timeout_s: float = 60) -> None:
     """Until vLLM has no request running or waiting."""
     deadline = time.monotonic() + timeout_s
-    while (metric(server, "vllm:num_requests_running") + metric(server, "vllm:num_requests_waiting") > 0
-           and time.monotonic() < deadline):
+    while metric(server, "vllm:num_requests_running", "vllm:num_requests_waiting") > 0 and time.monotonic() < deadline:
         time.sleep(0.2)
 
 
