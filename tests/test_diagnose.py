@@ -78,7 +78,7 @@ def test_parse_slo_units():
         "ttft_p99_s": 2.0, "tpot_p99_s": 0.08, "error_rate": 0.01}
     with pytest.raises(InputError, match="expected NAME=VALUE"):
         parse_slo(["ttft_p99>2"])
-    with pytest.raises(InputError, match="no signal 'latency_s'"):
+    with pytest.raises(InputError, match="no objective 'latency'"):
         parse_slo(["latency=2s"])
 
 

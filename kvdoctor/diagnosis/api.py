@@ -1,13 +1,13 @@
 """The library entry point: capture in, incidents out, as objects or the stable JSON shape."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..capture import Capture
 from ..errors import InputError
 from ..numeric import json_number
+from ..objectives import parse_slo  # noqa: F401  (the commands import it from here)
 from ..signals import REGISTRY, Prepared
 from ..signals.host import CONTENDED_OTHER_FRAC, contended
 from ..signals.prepared import READ_BURST_S
@@ -17,28 +17,6 @@ from .incident import Incident, time_label
 from .rules import Rule, load_rules
 
 JSON_SCHEMA_VERSION = 1
-
-_SLO = re.compile(r"^([a-z][a-z0-9_]*)=(\d+(?:\.\d+)?)(ms|s|%)?$")
-
-
-def parse_slo(items: list[str] | tuple[str, ...]) -> dict[str, float]:
-    """``ttft_p99=2s``, ``tpot_p99=80ms``, ``error_rate=1%`` -> {"ttft_p99_s": 2.0, ...}."""
-    out = {}
-    for item in items:
-        m = _SLO.match(item.strip())
-        if not m:
-            raise InputError(f"--slo {item!r}: expected NAME=VALUE[ms|s|%], e.g. ttft_p99=2s or error_rate=1%")
-        name, value, unit = m[1], float(m[2]), m[3]
-        if unit in ("s", "ms"):
-            name = name if name.endswith("_s") else f"{name}_s"
-            value = value / 1000 if unit == "ms" else value
-        elif unit == "%":
-            value = value / 100
-        if name not in REGISTRY:
-            raise InputError(f"--slo {item!r}: no signal {name!r}; SLOs name a signal such as ttft_p99_s, tpot_p99_s, error_rate")
-        out[name] = value
-    return out
-
 
 @dataclass
 class Diagnosis:

@@ -12,11 +12,15 @@ over the incident's own span, so the numbers describe the incident, not one wind
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
+from ..objectives import Objective, load_slo_file
+from ..objectives import resolve as resolve_objectives
+from ..objectives import targets as objective_targets
 from ..signals import Prepared, Window
 from . import conditions as C
 from .incident import Incident, incident_on
@@ -31,9 +35,34 @@ MAX_STEPS = 100
 class Options:
     lookback_s: float = 300.0
     step_s: float = 60.0
+    #: stated objectives (--slo): signal -> target, e.g. {"ttft_p99_s": 2.0}
     slo: dict[str, float] = field(default_factory=dict)
     #: the server's context limit where the capture lacks it (--max-model-len)
     max_model_len_tokens: float | None = None
+    #: the workload class whose default objectives apply (kvdoctor/objectives.py WORKLOADS);
+    #: None: the SLO file's, else "chat"
+    workload: str | None = None
+    #: an SLO file (kvdoctor.yaml): objectives by default and per served model
+    slo_file: str | None = None
+    #: False: judge only stated objectives (--no-default-slo)
+    default_objectives: bool = True
+    #: the objectives judged, resolved once per capture by :meth:`resolve` (defaults, file, --slo)
+    objectives: tuple[Objective, ...] | None = None
+
+    def resolve(self, model: str | None = None) -> "Options":
+        """These options with ``objectives`` filled for a capture of ``model`` (idempotent)."""
+        if self.objectives is not None:
+            return self
+        file_targets, file_workload = load_slo_file(self.slo_file, model) if self.slo_file else ({}, None)
+        objs = resolve_objectives(self.slo, self.workload or file_workload, file_targets,
+                                  file_name=str(self.slo_file or ""), defaults=self.default_objectives)
+        return dataclasses.replace(self, objectives=objs)
+
+    @property
+    def targets(self) -> dict[str, float]:
+        """signal -> target of every objective judged (what ``slo.NAME`` in a rule reads)."""
+        objs = self.objectives if self.objectives is not None else self.resolve().objectives
+        return objective_targets(objs)
 
 
 @dataclass(frozen=True)
