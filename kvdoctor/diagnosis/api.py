@@ -36,6 +36,16 @@ class Diagnosis:
     context_limit_source: str = ""
     #: False when the capture has no send times: positions are then request numbers in file order
     arrivals_known: bool = True
+    #: why there was nothing to judge (no requests or samples, the server down throughout); None
+    #: when the capture held something to diagnose. The commands exit with NothingToDiagnose's code.
+    nothing_to_diagnose: str | None = None
+
+    @property
+    def outcome(self) -> str:
+        """``incidents``, ``no-incident`` or ``nothing-to-diagnose``."""
+        if self.nothing_to_diagnose:
+            return "nothing-to-diagnose"
+        return "incidents" if self.incidents else "no-incident"
 
     def time_label(self, t: float) -> str:
         return time_label(t, self.start_s, self.capture.meta.clock, self.arrivals_known)
@@ -59,6 +69,8 @@ class Diagnosis:
                 "context_limit": ({"tokens": json_number(self.context_limit_tokens), "source": self.context_limit_source}
                                   if self.context_limit_tokens else None),
             },
+            "outcome": self.outcome,
+            "nothing_to_diagnose": self.nothing_to_diagnose,
             "slo": self.options.slo,
             "incidents": [i.to_json(self.time_label, self.arrivals_known) for i in self.incidents],
             "not_evaluated": [n.to_json() for n in self.not_evaluated],
@@ -88,7 +100,27 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
                         f"{CONTENDED_OTHER_FRAC:.0%} of the host's CPUs: trends through the run (growth per turn) "
                         "leave them out, since contention only adds time")
     return Diagnosis(capture, found, rules, options, prep.start_s, prep.end_s, warnings, prep,
-                     missing, limit, limit_source, arrivals_known=prep.arrivals_known)
+                     missing, limit, limit_source, arrivals_known=prep.arrivals_known,
+                     nothing_to_diagnose=_nothing_to_diagnose(prep, capture))
+
+
+def _nothing_to_diagnose(prep: Prepared, capture: Capture) -> str | None:
+    """Why the capture holds nothing to judge, or None. Requests are what users felt; without any,
+    engine or GPU samples still let the memory and queue rules speak, unless every scrape failed
+    because the server was down."""
+    n_req = len(capture.requests)
+    down = [e for e in prep.events if e.get("kind") == "server-down"]
+    if n_req:
+        return None
+    if down and not len(prep.engine_t):
+        return (f"the server was down the whole time ({len(down)} server-down event{'s' * (len(down) > 1)}, "
+                "no request and no engine metrics recorded)")
+    if not (len(prep.engine_t) or len(prep.gpu_t) or len(prep.host_t)):
+        rng = getattr(capture, "range_text", None)
+        return f"no requests and no samples{' in ' + rng if rng else ''}"
+    if not len(prep.engine_t) and not len(prep.gpu_t):
+        return "no requests, no engine metrics and no GPU samples (only host samples): nothing a rule judges"
+    return None
 
 
 #: the warning every output carries for a capture without send times (llmperf files, old vLLM results)
