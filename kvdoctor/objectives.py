@@ -43,7 +43,7 @@ WORKLOADS: dict[str, dict[str, float]] = {
 }
 DEFAULT_WORKLOAD = "chat"
 
-_SLO = re.compile(r"^([a-z][a-z0-9_]*)\s*(?:=|<=|<)\s*(\d+(?:\.\d+)?)\s*(ms|s|%)?$")
+_SLO = re.compile(r"^([a-z][a-z0-9_]*)\s*(?:=|<=|<)\s*(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(ms|s|%)?$")
 
 
 @dataclass(frozen=True)

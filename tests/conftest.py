@@ -138,3 +138,24 @@ def run_get_then_collect_block(block: str, where: str) -> str:
     n = re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", got[1])
     assert n and int(n[1]) > 0, f"{where}: `{lines[1]}` selects no test:\n{got[1][-1500:]}"
     return got[0]
+
+
+def cause_tops(diag) -> list[str]:
+    """Each incident's (and observation's) leading *cause*: its first cause that is not an
+    objective rule (objective-* say a service-level objective is broken: harm, not why)."""
+    out = []
+    for inc in diag.incidents:
+        causes = [c for c in inc.causes if c.rule.kind != "objective"]
+        if causes:
+            out.append(causes[0].rule.id)
+    return out
+
+
+def causes_fired(diag) -> set[str]:
+    """Every cause rule that fired, objective rules left out."""
+    return {c.rule.id for inc in diag.incidents for c in inc.causes if c.rule.kind != "objective"}
+
+
+def pages(diag) -> list:
+    """The incidents that page (warning or critical); observations (info) left out."""
+    return [i for i in diag.incidents if not i.observation]

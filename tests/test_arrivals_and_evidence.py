@@ -15,7 +15,7 @@ def test_llmperf_without_send_times_has_no_made_up_time_axis(tmp_path, run_cli):
     assert json.loads((out / "meta.json").read_text())["arrivals_known"] is False  # the importer says so
     text = run_cli("diagnose", out)
     assert text.returncode == 0, text.stderr
-    head = text.stdout.splitlines()[0]
+    head = "\n".join(text.stdout.splitlines()[:3])  # the verdict, the first step, the context
     assert "arrival times unknown" in head and "+149s" not in text.stdout and " min)" not in head
     assert "request_rate_per_s" not in text.stdout  # a rate needs a clock
     doc = json.loads(run_cli("diagnose", out, "--format", "json").stdout)
@@ -40,17 +40,20 @@ def test_time_signals_unknown_without_arrivals(tmp_path, run_cli):
 
 
 def test_unmeasured_evidence_is_one_line(run_cli):
-    """samples/context-overflow (real llama-server): kv-oom lists kv_usage_max_frac, which a
+    """samples/busy-host (real llama-server): decode-stall-tail lists the preemption rate, which a
     llama-server scrape does not give."""
-    sample = ROOT / "samples" / "context-overflow"
+    from kvdoctor.report.labels import label
+
+    sample = ROOT / "samples" / "busy-host"
     doc = json.loads(run_cli("diagnose", sample, "--format", "json").stdout)
-    kv = next(c for i in doc["incidents"] for c in i["causes"] if c["rule"] == "kv-oom")
-    nulls = [k for k, v in kv["evidence"].items() if v["value"] is None]
-    assert nulls and kv["not_measured"] == nulls  # JSON keeps the fields (null) and lists them
+    cause = next(c for i in doc["incidents"] for c in i["causes"] if c["rule"] == "decode-stall-tail")
+    nulls = [k for k, v in cause["evidence"].items() if v["value"] is None]
+    assert "preemptions_per_min" in nulls and cause["not_measured"] == nulls  # JSON keeps the fields (null) and lists them
     for fmt in ("text", "markdown"):
         out = run_cli("diagnose", sample, "--format", fmt).stdout
         assert "n/a" not in out
-        assert all(name in out for name in nulls)
+        # the full text names identifiers (it is the verbose form); Markdown the labels people read
+        assert all((name if fmt == "text" else label(name)) in out for name in nulls), out
         assert ("not measured: " if fmt == "text" else "Not measured: ") in out
 
 
@@ -64,5 +67,9 @@ def test_rules_judged_once_over_the_file_without_a_clock(tmp_path, run_cli):
     assert run_cli("import", "llmperf", src, "-o", out).returncode == 0
     slo = sorted(r["ttft_s"] for r in rows)[len(rows) // 2]  # an objective the P99 exceeds
     doc = json.loads(run_cli("diagnose", out, "--slo", f"ttft_p99={slo * 1000:.0f}ms", "--format", "json").stdout)
-    (inc,) = [i for i in doc["incidents"] if i["causes"][0]["rule"] == "tail-latency"]
+    (inc,) = [i for i in doc["incidents"] if i["causes"][0]["rule"] == "objective-ttft"]
+    assert (inc["start"], inc["end"], inc["start_s"]) == ("#1", "#40", None)
+    # a rule held for a minute (tail-latency, for: 1m) still fires, judged once over the file
+    doc = json.loads(run_cli("diagnose", out, "--set", "tail-latency.min_ratio=1.01", "--format", "json").stdout)
+    (inc,) = [i for i in doc["incidents"] if any(c["rule"] == "tail-latency" for c in i["causes"])]
     assert (inc["start"], inc["end"], inc["start_s"]) == ("#1", "#40", None)

@@ -120,7 +120,9 @@ def test_prefix_cache_off_to_on_is_fixed():
     hit = next(d for d in c.signals if d.name == "prefix_hit_rate_achieved")
     assert hit.verdict == "better"
     assert c.overall.verdict == "fixed"
-    assert re.match(r"Fixed: prefix-cache-ineffective resolved; TTFT P50 -\d+% \[CI -\d+%, -\d+%\]", c.lines[0]), c.lines[0]
+    # the cause first, then the objective it broke met again, then the headline signal
+    assert re.match(r"Fixed: prefix-cache-ineffective resolved; TTFT objective met; TTFT P50 -\d+% \[CI -\d+%, -\d+%\]",
+                    c.lines[0]), c.lines[0]
     # and the reverse is a regression naming the rule as new
     back = compare(CASES / "prefix-cache-on", CASES / "prefix-cache-off")
     assert back.overall.verdict == "regressed" and "prefix-cache-ineffective new" in back.lines[0]
@@ -278,7 +280,7 @@ def test_json_shape_is_stable_and_documented(run_cli):
     assert 0 < sig["p_value"] <= sig["p_adjusted"] <= 1
     assert out["method"]["family_correction"] == "holm" and out["method"]["family_size"] >= 10
     assert sig["diff_ci"][0] <= sig["diff"] <= sig["diff_ci"][1]
-    rule = out["rules"][0]
+    rule = next(r for r in out["rules"] if r["rule"] == "prefix-cache-ineffective")
     assert set(rule) == {"rule", "title", "status", "fired_before", "fired_after", "confidence_before", "confidence_after",
                          "cause_before", "cause_after", "impact", "evidence", "note"}
     assert rule["evidence"]["prefix_hit_rate_achieved"]["unit"] == "fraction"

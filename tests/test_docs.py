@@ -421,3 +421,11 @@ def test_documented_options_exist():
                     if opt not in table[key]:
                         wrong.append(f"{path.relative_to(ROOT)}:{line}: kvdoctor {' '.join(key)} has no {opt}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_shown_outputs_are_regenerated():
+    """Blocks marked ``<!-- docs-output: CMD -->`` show exactly what CMD prints now:
+    scripts/make-docs rewrites them; this fails until it has been run after a change of output."""
+    got = subprocess.run([sys.executable, str(ROOT / "scripts" / "make-docs"), "--check"], capture_output=True,
+                         text=True, timeout=600)
+    assert got.returncode == 0, got.stdout + got.stderr + "\nregenerate: scripts/make-docs"

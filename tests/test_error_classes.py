@@ -62,15 +62,18 @@ def test_llmperf_flags_are_not_an_error_burst(tmp_path, run_cli):
     assert w.value("errors") == 0 and w.value("client_flagged_requests") == 49
 
 
-def test_context_overflow_gets_the_context_fix():
-    """Real llama-server 400s ("exceeds the available context size"): the cause and first fix
-    are about the context a request may use, in both rules that fire."""
-    diag = diagnose(kvdoctor.load(ROOT / "samples" / "context-overflow"))
-    by_symptom = {i.symptom: i.causes[0] for i in diag.incidents}
-    for symptom in ("errors", "memory"):
-        top = by_symptom[symptom]
-        assert "context" in top.cause.lower()
-        assert top.fixes[0].title.startswith("Keep prompt + max_tokens within the context")
+@pytest.mark.parametrize("sample", ["context-overflow", "vllm-context-overflow"])
+def test_context_overflow_gets_the_context_fix(sample):
+    """Real llama-server and vLLM 400s ("exceeds the available context size", "maximum context
+    length"): one incident, about the context a request may use, with its fix. A refusal is
+    not KV memory (the server refuses before it allocates any): no out-of-memory incident."""
+    diag = diagnose(kvdoctor.load(ROOT / "samples" / sample))
+    by_symptom = {i.symptom: i.causes[0] for i in diag.incidents if not i.observation}
+    top = by_symptom["errors"]
+    assert top.rule.id == "error-burst" and "context" in top.cause.lower()
+    assert top.fixes[0].title.startswith("Keep prompt + max_tokens within the context")
+    assert "memory" not in by_symptom and not any(c.rule.id == "kv-oom" for i in diag.incidents for c in i.causes)
+    if sample == "context-overflow":
         assert "raise -c or lower --parallel" in top.fixes[0].knobs["llamacpp"]
 
 

@@ -34,7 +34,7 @@ def test_wheel_ships_rules_and_schema(tmp_path):
 def test_readme_try_it_block_runs_as_written(tmp_path):
     """README.md's "Try it" line, as a new user runs it in a fresh checkout (the tracked files
     copied to a temp folder; pip's own cache as it is): a new venv, a non-editable install, then
-    the summary of samples/multi-turn, whose top cause must be the one this venv's kvdoctor names."""
+    the summary of samples/prefix-cache-off, whose verdict must be the one this venv's kvdoctor gives."""
     import re
     import shutil
     from pathlib import Path
@@ -56,12 +56,12 @@ def test_readme_try_it_block_runs_as_written(tmp_path):
                          text=True, timeout=900)
     assert got.returncode == 0, f"README.md's Try it block exited {got.returncode}:\n{got.stderr[-3000:]}"
     assert not list((checkout / ".venv" / "lib").glob("python*/site-packages/__editable__*")), "installed editable"
-    mine = subprocess.run([sys.executable, "-m", "kvdoctor", "summary", str(root / "samples" / "multi-turn")],
+    mine = subprocess.run([sys.executable, "-m", "kvdoctor", "summary", str(root / "samples" / "prefix-cache-off")],
                           capture_output=True, text=True, check=True).stdout
 
-    def top_cause(text):
-        m = re.search(r"^Likely cause \(\d+%, rule ([\w-]+)\)", text, re.M)
+    def top_cause(text):  # the verdict line names the cause's rule: "(prefix-cache-ineffective, 80%)"
+        m = re.search(r"likely cause: .*\(([\w-]+), \d+%\)$", text.splitlines()[0])
         assert m, text[-2000:]
         return m[1]
 
-    assert top_cause(got.stdout) == top_cause(mine) == "kv-growth-per-turn"
+    assert top_cause(got.stdout) == top_cause(mine) == "prefix-cache-ineffective"

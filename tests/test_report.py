@@ -314,9 +314,11 @@ def test_page_summary_links_each_incident_to_its_section():
         assert f"incident-{n}" in p.ids
     summary = page[page.index('id="summary"'):page.index('id="incident-1"')]
     # most severe first, with cause, confidence, evidence numbers and the first fix
-    assert summary.index("critical") < summary.rindex("warning")
-    assert "Likely cause" in summary and "80%" in summary and "kv-oom" in summary
-    assert "context_errors <b>65</b>" in summary
+    ranks = {"critical": 3, "warning": 2, "info": 1}
+    sevs = [i.severity for i in d.incidents]
+    assert sevs == sorted(sevs, key=lambda s: -ranks[s]) and "critical" in summary
+    assert "Likely cause" in summary and "80%" in summary and "error-burst" in summary
+    assert "failed requests <b>65</b>" in summary
     # context-size refusals: the first fix is the context a request may use (error_classes)
     assert "First fix:" in summary and "Keep prompt + max_tokens within the context" in summary
     figs = _figures_json(page)

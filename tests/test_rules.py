@@ -182,10 +182,14 @@ def test_fix_unless_leaves_out_a_fix_the_evidence_rules_out(tmp_path, run_cli):
     assert rule.fixes_for(lambda s: 0.87)[0] is rule.fixes[1]
     assert rule.fixes_for(lambda s: 0.2)[0] is first
     assert rule.fixes_for(lambda s: math.nan)[0] is first  # unknown keeps the fix
-    real = run_cli("summary", "samples/multi-turn")
-    sim = run_cli("summary", "tests/rulecases/multi-turn")
-    assert "First fix: Bound the history" in real.stdout, real.stdout
-    assert "First fix: Keep the history's KV between turns" in sim.stdout, sim.stdout
+    def first_fix(out: str) -> str:  # the first fix listed under kv-growth-per-turn in the full text
+        block = out.split("kv-growth-per-turn (", 1)[1]
+        return next(ln.strip() for ln in block.splitlines() if ln.strip().startswith("fix:"))
+
+    real = run_cli("diagnose", "samples/multi-turn")
+    sim = run_cli("diagnose", "tests/rulecases/multi-turn")
+    assert first_fix(real.stdout).startswith("fix: Bound the history"), real.stdout
+    assert first_fix(sim.stdout).startswith("fix: Keep the history's KV between turns"), sim.stdout
     bad = tmp_path / "r"
     bad.mkdir()
     text = (builtin_rules_dir() / "kv-growth-per-turn.yaml").read_text().replace(
@@ -349,9 +353,12 @@ def test_rules_that_cannot_fire_are_listed_with_what_they_lack(run_cli):
     assert ne["prompt-length-tail"]["missing"] == ["prompt_p99_over_limit"]
     assert "--max-model-len" in ne["prompt-length-tail"]["needs"][0]
     assert js["capture"]["context_limit"] is None
-    for args in (["diagnose"], ["summary"], ["diagnose", "--format", "markdown"]):
+    for args in (["diagnose"], ["summary", "--verbose"], ["diagnose", "--format", "markdown"]):
         out = run_cli(*args, cap).stdout
         assert "not evaluated:" in out and "prompt-length-tail" in out.split("not evaluated:")[1], (args, out)
+    short = run_cli("summary", cap).stdout  # one short line, pointing at where the list is
+    line = next(ln for ln in short.splitlines() if "not evaluated" in ln)
+    assert len(line) <= 200 and "--verbose" in line and "--max-model-len" in line, line
     given = json.loads(run_cli("diagnose", cap, "--format", "json", "--max-model-len", "131072").stdout)
     assert "prompt-length-tail" not in {n["rule"] for n in given["not_evaluated"]}
     assert given["capture"]["context_limit"] == {"tokens": 131072, "source": "--max-model-len"}
@@ -488,7 +495,7 @@ def test_a_case_can_give_the_context_limit(run_cli, tmp_path):
     assert ok.returncode == 0 and "ok   prompt-length-tail: samples/mooncake-conversation --max-model-len 131072" in ok.stdout
     (d / "prompt-length-tail.yaml").write_text(text.replace("131072", "lots"))
     bad = run_cli("rules", "test", "--rules", d, "--rule", "prompt-length-tail", cwd=ROOT)
-    assert bad.returncode == 1 and "expected PATH or PATH --max-model-len N" in bad.stdout
+    assert bad.returncode == 1 and "expected PATH [--max-model-len N] [--slo NAME=VALUE ...]" in bad.stdout
 
 
 def test_source_signals_named_for_not_evaluated_exist():

@@ -97,3 +97,51 @@ def test_past_max_points_whole_conversations_are_kept_evenly():
     kept = np.isin(stratum, np.unique(stratum)[::10])
     assert trend_z(stratum, turn, y, max_points=800) == pytest.approx(reference_z(stratum[kept], turn[kept], y[kept]))
     assert trend_z(stratum, turn, y) > trend_z(stratum, turn, y, max_points=800) > 3
+
+
+@pytest.mark.parametrize("sample", ["vllm-multi-turn", "multi-turn", "one-conversation-at-a-time"])
+def test_conversations_inferred_from_prefix_chains(sample):
+    """Most clients send no session id. The real multi-turn captures with their session ids and
+    turns removed: every request's conversation and turn come back from the prompt block hashes
+    alone (each turn's prompt extends the previous one), and kv-growth-per-turn still fires."""
+    import dataclasses
+
+    import kvdoctor
+    from kvdoctor.capture.memory import from_records
+    from kvdoctor.diagnosis import diagnose
+
+    from conftest import ROOT, request_records
+
+    cap = kvdoctor.load(ROOT / "samples" / sample)
+    recs = request_records(cap)
+    truth = {r.request_id: (r.session_id, r.turn) for r in recs}
+    diag = diagnose(from_records(cap.meta, requests=[dataclasses.replace(r, session_id=None, turn=None) for r in recs]))
+    prep = diag.prepared
+    turns, sessions = prep.column("turn"), prep.session
+    assert prep.turns_inferred
+    for k, rid in enumerate(prep.request_ids):
+        assert turns[k] == truth[rid][1], (rid, turns[k], truth[rid])
+    # one inferred conversation per real one, never two real ones merged
+    pairs = {(sessions[k], truth[rid][0]) for k, rid in enumerate(prep.request_ids)}
+    assert len({s for s, _ in pairs}) == len({t for _, t in pairs}) == len(pairs)
+    assert any(c.rule.id == "kv-growth-per-turn" for i in diag.incidents for c in i.causes)
+
+
+def test_a_shared_system_prompt_is_not_a_conversation():
+    """samples/prefix-cache-off: 24 requests share a 1,200-token system prompt, each its own
+    question: no request extends another, so none is given a conversation."""
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+
+    from conftest import ROOT
+
+    cap = kvdoctor.load(ROOT / "samples" / "prefix-cache-off")
+    import dataclasses
+
+    from kvdoctor.capture.memory import from_records
+
+    from conftest import request_records
+
+    recs = [dataclasses.replace(r, session_id=None, turn=None) for r in request_records(cap)]
+    prep = diagnose(from_records(cap.meta, requests=recs)).prepared
+    assert (prep.session < 0).all() and not prep.turns_inferred

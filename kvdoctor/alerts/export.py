@@ -21,6 +21,7 @@ import yaml
 from ..diagnosis import conditions as C
 from ..engines import TABLES
 from ..engines.neutral import EngineTable
+from ..objectives import DEFAULT_WORKLOAD, WORKLOADS
 from ..signals import REGISTRY
 from . import promql
 
@@ -28,7 +29,7 @@ ENGINES = tuple(t for t in TABLES if t.name != "dcgm")
 #: where runbook_url points (docs/runbooks.md, generated beside the alerts); --runbook-base changes it
 RUNBOOK_BASE = "https://github.com/kvdoctor/kvdoctor/blob/main/docs/runbooks.md"
 #: SLOs the shipped files use (an operator re-runs the export with their own --slo)
-DEFAULT_SLO = {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1, "error_rate": 0.01}
+DEFAULT_SLO = dict(WORKLOADS[DEFAULT_WORKLOAD])  # the default objectives (docs/slo.md)
 #: a page needs trouble that lasts: every alert holds at least this long (a rule's own for: when longer)
 MIN_FOR_S = 120.0
 SIDECAR_FILE = "kvdoctor-sidecar"

@@ -8,7 +8,8 @@ from .diagnose import diagnosis_options, run_diagnosis
 
 @click.command("summary")
 @diagnosis_options
-def command(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len):
+@click.option("-v", "--verbose", is_flag=True, help="List every rule not evaluated and name each signal's identifier.")
+def command(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len, verbose):
     """The on-call text: what happened, when, impact, likely cause with evidence, first fix.
 
     At most ~15 lines per incident, most severe first, readable on a phone.
@@ -23,4 +24,4 @@ def command(capture, since, until, rules_dirs, slo, sets, lookback, step, max_mo
     from .common import printable
 
     click.echo(printable(summary_text(run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step,
-                                                    max_model_len))), nl=False)
+                                                    max_model_len), verbose=verbose)), nl=False)

@@ -47,12 +47,12 @@ class Comparison:
 def compare_sides(before: Side, after: Side, rules: list[Rule] | None = None, options: Options | None = None,
                   resamples: int = S.DEFAULT_RESAMPLES, seed: int = S.DEFAULT_SEED) -> Comparison:
     rules = rules if rules is not None else load_rules()
-    options = options or Options()
+    options = (options or Options()).resolve(before.capture.meta.model or after.capture.meta.model)
     if resamples < 1000:
         raise ValueError("resamples: at least 1000")
     diag_b = diagnose(before.capture, rules, options)
     diag_a = diagnose(after.capture, rules, options)
-    prep_b, prep_a = Prepared(before.capture, options.slo), Prepared(after.capture, options.slo)
+    prep_b, prep_a = Prepared(before.capture, options.targets, options.stated), Prepared(after.capture, options.targets, options.stated)
     wl = guard(prep_b, prep_a)
     ctx = Ctx(prep_b, prep_a, prep_b.window(prep_b.start_s, prep_b.end_s), prep_a.window(prep_a.start_s, prep_a.end_s),
               wl, resamples, seed)

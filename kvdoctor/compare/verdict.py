@@ -89,7 +89,7 @@ def rule_statuses(before: Diagnosis, after: Diagnosis, ctx: Ctx, impacts: dict[s
         out.append(RuleStatus(rule, status, bool(b), bool(a), b[0] if b else None, a[0] if a else None,
                               b[1] if b else None, a[1] if a else None, impact, ev, note))
     order = {s: i for i, s in enumerate(STATUSES)}
-    out.sort(key=lambda r: (order[r.status], r.rule.id))
+    out.sort(key=lambda r: (order[r.status], r.rule.kind == "objective", r.rule.id))  # causes before the objectives they broke
     return out
 
 
@@ -160,7 +160,8 @@ def _pick(diffs: list[SignalDiff], verdict: str, prefer: list[str], limit: int =
           comparable_only: bool = True) -> list[SignalDiff]:
     """The signals to name: a rule's impact signal first, then the largest changes, one per family."""
     cand = [d for d in diffs if d.verdict == verdict and (d.comparable or not comparable_only)]
-    cand.sort(key=lambda d: (d.name not in prefer, -abs(d.iv.rel if d.iv and math.isfinite(d.iv.rel) else 1e9)))
+    rank = {name: k for k, name in reversed(list(enumerate(prefer)))}  # earlier in prefer first
+    cand.sort(key=lambda d: (rank.get(d.name, len(prefer)), -abs(d.iv.rel if d.iv and math.isfinite(d.iv.rel) else 1e9)))
     out, families = [], set()
     for d in cand:
         if d.family in families:
@@ -170,7 +171,21 @@ def _pick(diffs: list[SignalDiff], verdict: str, prefer: list[str], limit: int =
     return out[:limit]
 
 
+_OBJECTIVE_STATUS = {"resolved": "met", "new": "broken", "improved": "less broken", "worse": "more broken",
+                     "unchanged": "still broken"}
+
+
+def rule_phrase(r: RuleStatus) -> str:
+    """'prefix-cache-ineffective resolved'; an objective rule as the objective: 'TTFT objective met'."""
+    if r.rule.kind == "objective":
+        what = r.rule.title.split(" objective", 1)[0]
+        return f"{what} objective {_OBJECTIVE_STATUS.get(r.status, r.status)}"
+    return f"{r.rule.id} {r.status}"
+
+
 def overall(signals: list[SignalDiff], rules: list[RuleStatus], workload: Workload) -> Overall:
+    # causes first, the objectives they explain after
+    rules = sorted(rules, key=lambda r: r.rule.kind == "objective")
     comparable = [d for d in signals if d.comparable]
     better = [d for d in comparable if d.verdict == "better"]
     worse = [d for d in comparable if d.verdict == "worse"]
@@ -182,8 +197,8 @@ def overall(signals: list[SignalDiff], rules: list[RuleStatus], workload: Worklo
     prefer = [r.rule.impact for r in rule_wins + rule_costs if r.rule.impact]
     sig_wins = [signal_phrase(d) for d in _pick(signals, "better", prefer)]
     sig_costs = [signal_phrase(d) for d in _pick(signals, "worse", prefer)]
-    wins = [f"{r.rule.id} {r.status}" for r in rule_wins] + sig_wins
-    costs = [f"{r.rule.id} {r.status}" for r in rule_costs] + sig_costs
+    wins = [rule_phrase(r) for r in rule_wins] + sig_wins
+    costs = [rule_phrase(r) for r in rule_costs] + sig_costs
     if (better or rule_wins) and (worse or rule_costs):
         core, text = "trade-off", "Trade-off: " + "; ".join(wins) + " better, but " + "; ".join(costs) + " worse"
     elif rule_wins:
@@ -196,7 +211,7 @@ def overall(signals: list[SignalDiff], rules: list[RuleStatus], workload: Worklo
     else:
         core, text = "no-change", "No significant change"
         if still:
-            text += "; still firing: " + ", ".join(r.rule.id for r in still)
+            text += "; still firing: " + ", ".join(r.rule.id if r.rule.kind != "objective" else rule_phrase(r) for r in still)
     if not workload.differs:
         return Overall(core, core, text, wins, costs)
     # workloads differ: state what was measured, never as a plain win or regression

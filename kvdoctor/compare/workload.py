@@ -236,7 +236,7 @@ def guard(before: Prepared, after: Prepared) -> Workload:
     checks.append(conc)
     checks.append(_ks_check("prompt_tokens", "prompt length", before.col["prompt_tokens"], after.col["prompt_tokens"]))
     checks.append(_ks_check("output_tokens", "output length", before.col["output_tokens"], after.col["output_tokens"]))
-    checks.append(_ks_check("turn", "turn", before.col["turn"], after.col["turn"]))
+    checks.append(_ks_check("turn", "turn", before.column("turn"), after.column("turn")))
     prompt = checks[2]
     matching = match_buckets(before.col["prompt_tokens"], after.col["prompt_tokens"]) if prompt.differs else None
     return Workload(checks, matching, closed)

@@ -14,6 +14,7 @@ from ..signals.prepared import READ_BURST_S
 from .coverage import NotEvaluated, context_limit, not_evaluated
 from .evaluate import Options, incidents
 from .incident import Incident, time_label
+from .numbers import KeyNumbers, key_numbers
 from .rules import Rule, load_rules
 
 JSON_SCHEMA_VERSION = 1
@@ -39,6 +40,16 @@ class Diagnosis:
     #: why there was nothing to judge (no requests or samples, the server down throughout); None
     #: when the capture held something to diagnose. The commands exit with NothingToDiagnose's code.
     nothing_to_diagnose: str | None = None
+
+    @property
+    def key_numbers(self) -> KeyNumbers:
+        """Requests, rates, latency percentiles and errors over the capture, with the objectives."""
+        got = self.__dict__.get("_key_numbers")
+        if got is None:
+            prep = self.prepared or Prepared(self.capture, self.options.targets, self.options.stated)
+            got = self.__dict__["_key_numbers"] = key_numbers(prep.window(self.start_s, self.end_s),
+                                                              self.options.objectives or ())
+        return got
 
     @property
     def outcome(self) -> str:
@@ -71,7 +82,10 @@ class Diagnosis:
             },
             "outcome": self.outcome,
             "nothing_to_diagnose": self.nothing_to_diagnose,
-            "slo": self.options.slo,
+            "slo": self.options.targets,
+            "objectives": [o.to_json() for o in self.options.objectives or ()],
+            "workload": self.options.workload,
+            "key_numbers": self.key_numbers.to_json(),
             "incidents": [i.to_json(self.time_label, self.arrivals_known) for i in self.incidents],
             "not_evaluated": [n.to_json() for n in self.not_evaluated],
         }
@@ -81,13 +95,13 @@ def diagnose(capture: Capture, rules: list[Rule] | None = None, options: Options
              progress: Callable[[int, int], None] | None = None) -> Diagnosis:
     """Run every rule over the capture and return its incidents, most severe first."""
     rules = rules if rules is not None else load_rules()
-    options = options or Options()
-    prep = Prepared(capture, options.slo)
+    options = (options or Options()).resolve(capture.meta.model)
+    prep = Prepared(capture, options.targets, options.stated)
     limit, limit_source, warnings = context_limit(prep, options.max_model_len_tokens)
     found = incidents(prep, rules, options, progress) if (len(capture.requests) or len(prep.engine_t) or len(prep.gpu_t)) else []
     fired = {c.rule.id for inc in found for c in inc.causes}
     whole = prep.window(prep.start_s, prep.end_s)
-    missing = not_evaluated(whole, rules, fired, options.slo)
+    missing = not_evaluated(whole, rules, fired, options.targets)
     warnings = list(capture.warnings) + warnings
     if not prep.arrivals_known:
         warnings.append(ARRIVALS_UNKNOWN)

@@ -18,6 +18,7 @@ _MEM = "GPU or server memory samples over time (NVML, DCGM or host)"
 _TURNS = "conversation turns (session and turn per request)"
 _PREFIX = "prefix block hashes per request"
 _LAT = "per-request latencies"
+_ARRIVALS = "request send times (arrivals), which this source lacks"
 #: signals that are unknown when a *source* is absent from the capture (not when the workload
 #: merely lacks a pattern, e.g. no long prompts for hol_ttft_ratio), with what to supply
 SOURCE_NEEDS = {
@@ -38,6 +39,10 @@ SOURCE_NEEDS = {
     "queue_share_p50": "queue time per request",
     "concurrency_max": "request send times (arrivals)",
     "e2e_p99_over_p50": _LAT, "ttft_p99_over_p50": _LAT, "tpot_p99_over_p50": _LAT,
+    **{name: _ARRIVALS for name in ("ttft_over_low_load", "tpot_over_low_load", "ttft_low_load_p50_s",
+                                    "tpot_low_load_p50_s", "inflight_over_littles_law", "arrivals_over_completions",
+                                    "ttft_late_over_early", "ttft_wait_p90_s", "ttft_unloaded_p90_s",
+                                    "prefill_ms_per_1k_tokens_low_load", "request_rate_per_s")},
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..objectives import Objective, load_slo_file
+from ..objectives import DEFAULT_WORKLOAD, Objective, load_slo_file
 from ..objectives import resolve as resolve_objectives
 from ..objectives import targets as objective_targets
 from ..signals import Prepared, Window
@@ -54,9 +54,16 @@ class Options:
         if self.objectives is not None:
             return self
         file_targets, file_workload = load_slo_file(self.slo_file, model) if self.slo_file else ({}, None)
-        objs = resolve_objectives(self.slo, self.workload or file_workload, file_targets,
-                                  file_name=str(self.slo_file or ""), defaults=self.default_objectives)
-        return dataclasses.replace(self, objectives=objs)
+        workload = self.workload or file_workload or DEFAULT_WORKLOAD
+        objs = resolve_objectives(self.slo, workload, file_targets, file_name=str(self.slo_file or ""),
+                                  defaults=self.default_objectives)
+        return dataclasses.replace(self, objectives=objs, workload=workload)
+
+    @property
+    def stated(self) -> frozenset[str]:
+        """The signals of the objectives the user gave (--slo, an SLO file), not defaults."""
+        objs = self.objectives if self.objectives is not None else self.resolve().objectives
+        return frozenset(o.signal for o in objs if o.stated)
 
     @property
     def targets(self) -> dict[str, float]:
@@ -72,6 +79,29 @@ class Activation:
     end_s: float
     confidence: float
     cause: str
+    #: the finding's severity over the run: the rule's own where users are hurt, "info" where
+    #: its harm does not hold (an observation), "critical" where its critical_when holds
+    severity: str = "warning"
+    #: the last evaluation before the run at which the rule was inactive (the onset lies after it)
+    quiet_before_s: float = float("-inf")
+    #: the run's first active evaluation (its window [first_eval_s - lookback, first_eval_s]
+    #: holds the onset)
+    first_eval_s: float = float("nan")
+
+
+@dataclass(frozen=True)
+class Match:
+    """A rule on one window: active or not, its best cause and that finding's severity."""
+    ok: bool
+    confidence: float = 0.0
+    cause: str = ""
+    severity: str = "info"
+
+    def __iter__(self):  # (ok, confidence, cause) as before, for callers that unpack three
+        return iter((self.ok, self.confidence, self.cause))
+
+
+INACTIVE = Match(False)
 
 
 def step_times(start_s: float, end_s: float, opt: Options) -> tuple[np.ndarray, float, float]:
@@ -88,79 +118,112 @@ def step_times(start_s: float, end_s: float, opt: Options) -> tuple[np.ndarray, 
     return times, step, lookback
 
 
-def match(rule: Rule, w: Window, slo: dict[str, float]) -> tuple[bool, float, str]:
-    """Whether the rule is active on a window, with the confidence and title of the best cause."""
+def match(rule: Rule, w: Window, slo: dict[str, float]) -> Match:
+    """Whether the rule is active on a window, with the confidence and title of the best cause
+    and the finding's severity there (info where its harm does not hold)."""
     if w.n_requests < rule.min_requests:
-        return False, 0.0, ""
+        return INACTIVE
     if not C.evaluate(rule.when, w.value, slo, rule.params):
-        return False, 0.0, ""
+        return INACTIVE
     best = (0.0, "")
     for cause in rule.causes:
         if cause.when is None or C.evaluate(cause.when, w.value, slo, rule.params):
             if cause.confidence > best[0]:
                 best = (cause.confidence, cause.title)
-    return best[0] > 0, best[0], best[1]
+    if best[0] <= 0:
+        return INACTIVE
+    return Match(True, best[0], best[1], rule.severity_on(w.value, slo))
 
 
-def match_all(rules: list[Rule], w: Window, slo: dict[str, float]) -> list[tuple[bool, float, str]]:
+def match_all(rules: list[Rule], w: Window, slo: dict[str, float]) -> list[Match]:
     """:func:`match` for every rule on one window, then suppression: a rule is not active
     where a rule it is ``suppressed_by`` is active on the same window (live and offline share this)."""
     got = [match(rule, w, slo) for rule in rules]
-    active = {rule.id for rule, (ok, _, _) in zip(rules, got) if ok}
-    return [(False, 0.0, "") if ok and set(rule.suppressed_by) & active else (ok, conf, title)
-            for rule, (ok, conf, title) in zip(rules, got)]
+    active = {rule.id for rule, m in zip(rules, got) if m.ok}
+    return [INACTIVE if m.ok and set(rule.suppressed_by) & active else m for rule, m in zip(rules, got)]
+
+
+def is_incident(severity: str) -> bool:
+    """Warning and critical findings are incidents; info ones are observations."""
+    return SEVERITY_RANK[severity] >= SEVERITY_RANK["warning"]
 
 
 def activations(prep: Prepared, rules: list[Rule], opt: Options,
                 progress: Callable[[int, int], None] | None = None) -> list[Activation]:
+    """Each rule's runs of consecutive active evaluations that held for its ``for:``. A run is
+    either harmful (warning/critical) or an observation (info): a rule that turns harmful starts
+    a new run there, so an incident starts where users began to be hurt, not where the shape did."""
     times, step, lookback = step_times(prep.start_s, prep.end_s, opt)
     if not prep.arrivals_known:  # no clock: one window over the whole file, no time-based holds
         times, step, lookback = np.array([prep.end_s]), opt.step_s, prep.end_s - prep.start_s
-    runs: dict[str, list[tuple[float, float, float, str]]] = {r.id: [] for r in rules}
-    open_run: dict[str, list[Any]] = {}
-
-    def evaluate_at(t: float) -> list[tuple[bool, float, str]]:
-        w = prep.window(t - lookback, t)
-        return match_all(rules, w, opt.slo)
+    slo = opt.targets
+    runs: list[tuple[Rule, list[Any]]] = []
+    open_run: dict[tuple[str, bool], list[Any]] = {}
+    last_quiet: dict[tuple[str, bool], float] = {}
+    by_id = {r.id: r for r in rules}
 
     for k, t in enumerate(times):
         fresh_start = max(t - lookback, t - step) if len(times) > 1 else t - lookback
-        _advance(rules, evaluate_at(t), t, fresh_start, runs, open_run)
+        w = prep.window(t - lookback, t)
+        for rule, m in zip(rules, match_all(rules, w, slo)):
+            for harmful in (False, True):
+                key = (rule.id, harmful)
+                run = open_run.get(key)
+                if m.ok and is_incident(m.severity) == harmful:
+                    if run is None:
+                        open_run[key] = [fresh_start, t, m.confidence, m.cause, m.severity,
+                                         last_quiet.get(key, float("-inf")), float(t)]
+                    else:
+                        run[1] = t
+                        if m.confidence > run[2]:
+                            run[2], run[3] = m.confidence, m.cause
+                        if SEVERITY_RANK[m.severity] > SEVERITY_RANK[run[4]]:
+                            run[4] = m.severity
+                else:
+                    if run is not None:
+                        runs.append((rule, open_run.pop(key)))
+                    last_quiet[key] = t
         if progress:
             progress(k + 1, len(times))
-    for rid, run in open_run.items():
-        runs[rid].append(tuple(run))
-    by_id = {r.id: r for r in rules}
+    for (rid, _), run in open_run.items():
+        runs.append((by_id[rid], run))
     out = []
-    for rid, spans in runs.items():
-        rule = by_id[rid]
-        for start, end, conf, title in spans:
-            if end - start >= rule.for_s or not prep.arrivals_known:
-                out.append(Activation(rule, start, end, conf, title))
+    for rule, (start, end, conf, title, severity, quiet, first) in runs:
+        if end - start >= rule.for_s or not prep.arrivals_known:
+            out.append(Activation(rule, start, end, conf, title, severity, quiet, first))
     return out
 
 
-def _advance(rules: list[Rule], matched: list[tuple[bool, float, str]], t: float, fresh_start: float,
-             runs: dict[str, list[tuple[float, float, float, str]]], open_run: dict[str, list[Any]]) -> None:
-    """Extend, open or close each rule's run of consecutive active evaluations."""
-    for rule, (ok, conf, title) in zip(rules, matched):
-        run = open_run.get(rule.id)
-        if ok:
-            if run is None:
-                open_run[rule.id] = [fresh_start, t, conf, title]
-            else:
-                run[1] = t
-                if conf > run[2]:
-                    run[2], run[3] = conf, title
-        elif run is not None:
-            runs[rule.id].append(tuple(open_run.pop(rule.id)))
+#: symptoms that explain another's harm rather than being one: a turn-growth or capacity finding
+#: overlapping a TTFT, TPOT or latency incident is one of its causes, not an incident of its own
+ATTACHABLE = ("turn-growth", "capacity", "quality")
+HARM_SYMPTOMS = ("ttft", "tpot", "latency", "errors", "memory")
 
 
 def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
               progress: Callable[[int, int], None] | None = None) -> list[Incident]:
+    """Incidents (warning, critical) and observations (info), most severe first. Harmful runs of
+    one symptom that overlap or touch form one incident; so do observation runs. An incident's
+    window starts where its evidence changed (onset.py), not where the first window began."""
+    from .onset import refine_window
+
     opt = opt or Options()
     acts = activations(prep, rules, opt, progress)
     out: list[Incident] = []
+    for harmful in (True, False):
+        group_acts = [a for a in acts if is_incident(a.severity) == harmful]
+        clusters = _clusters(group_acts)
+        if harmful:
+            clusters = _attach(clusters)
+        for symptom, cluster in clusters:
+            start, end = refine_window(prep, symptom, cluster, opt)
+            out.append(_incident(prep, symptom, cluster, start, end, opt))
+    out.sort(key=lambda i: (-SEVERITY_RANK[i.severity], -max(c.confidence for c in i.causes), i.start_s))
+    return out
+
+
+def _clusters(acts: list[Activation]) -> list[tuple[str, list[Activation]]]:
+    out: list[tuple[str, list[Activation]]] = []
     for symptom in sorted({a.rule.symptom for a in acts}):
         group = sorted((a for a in acts if a.rule.symptom == symptom), key=lambda a: a.start_s)
         clusters: list[list[Activation]] = []
@@ -170,17 +233,43 @@ def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
                 clusters[-1].append(a)
             else:
                 clusters.append([a])
-        for cluster in clusters:
-            out.append(_incident(prep, symptom, cluster, opt))
-    out.sort(key=lambda i: (-SEVERITY_RANK[i.severity], -max(c.confidence for c in i.causes), i.start_s))
+        out += [(symptom, c) for c in clusters]
     return out
 
 
-def _incident(prep: Prepared, symptom: str, cluster: list[Activation], opt: Options) -> Incident:
-    start, end = min(a.start_s for a in cluster), max(a.end_s for a in cluster)
+def _attach(clusters: list[tuple[str, list[Activation]]]) -> list[tuple[str, list[Activation]]]:
+    """Move each ATTACHABLE cluster into the harm incident it overlaps most (one incident per
+    cause: "every turn is slower" is why TTFT broke its objective, not a second page)."""
+    harms = [(s, c) for s, c in clusters if s not in ATTACHABLE]
+    keep = list(harms)
+    for symptom, cluster in clusters:
+        if symptom not in ATTACHABLE:
+            continue
+        a0, a1 = min(a.start_s for a in cluster), max(a.end_s for a in cluster)
+        best, best_overlap = None, 0.0
+        for k, (hs, hc) in enumerate(keep):
+            if hs in ATTACHABLE:
+                continue
+            h0, h1 = min(a.start_s for a in hc), max(a.end_s for a in hc)
+            overlap = min(a1, h1) - max(a0, h0)
+            if overlap > best_overlap or (overlap == best_overlap == 0 and a0 <= h1 and h0 <= a1):
+                best, best_overlap = k, overlap
+        if best is None:
+            keep.append((symptom, cluster))
+        else:
+            hs, hc = keep[best]
+            keep[best] = (hs, hc + cluster)
+    return keep
+
+
+def _incident(prep: Prepared, symptom: str, cluster: list[Activation], start: float, end: float,
+              opt: Options) -> Incident:
     best: dict[str, Activation] = {}
     for a in cluster:
         if a.rule.id not in best or a.confidence > best[a.rule.id].confidence:
             best[a.rule.id] = a
+    severity = {rid: max((a.severity for a in cluster if a.rule.id == rid), key=SEVERITY_RANK.__getitem__)
+                for rid in best}
     return incident_on(prep.window(start, end), symptom, start, end,
-                       [(a.rule, a.confidence, a.cause) for a in best.values()], opt.slo)
+                       [(a.rule, a.confidence, a.cause, severity[a.rule.id]) for a in best.values()],
+                       opt.targets, objectives=opt.objectives or ())

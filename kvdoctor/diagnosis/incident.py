@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from ..numeric import json_number
+from ..objectives import Objective
 from ..signals import REGISTRY, Window
+from ..signals.harm import Reading, readings
 from .rules import SEVERITY_RANK, Rule
 
 
@@ -26,6 +28,34 @@ class CauseFinding:
     evidence: dict[str, float]
     #: the rule's fixes that apply to this incident, in order (Rule.fixes_for)
     fixes: tuple
+    #: this finding's severity: the rule's own where users are hurt, info where they are not
+    severity: str = ""
+    #: fixes already in effect on the recorded server (Rule.fixes_in_effect): said, never advised
+    in_effect: tuple = ()
+    #: what to measure first when the cause is a hypothesis the data cannot confirm ('' if none)
+    measure: str = ""
+
+    @property
+    def effective_severity(self) -> str:
+        return self.severity or self.rule.severity
+
+
+@dataclass(frozen=True)
+class Breach:
+    """An objective broken over the incident's window (signals/harm.py Reading): measured against
+    target, and how many requests (inter-token gaps, for ITL) were over it."""
+    objective: Objective
+    reading: Reading
+
+    @property
+    def measured(self) -> float:
+        return self.reading.measured
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.reading
+        return {**self.objective.to_json(), "measured": json_number(r.measured), "over": r.over, "total": r.total,
+                "share_over": json_number(r.share_over), "burn_rate": json_number(r.burn_rate),
+                "p_value": json_number(r.p_value)}
 
 
 @dataclass(frozen=True)
@@ -35,6 +65,8 @@ class Incident:
     end_s: float
     causes: list[CauseFinding]  # ranked, best first
     impact: dict[str, Any]
+    #: objectives of this symptom broken over the incident's window, worst first
+    breaches: tuple[Breach, ...] = ()
     #: live only: its number in this run, when it closed (None: still open) and every rule
     #: that fired while it was open, first seen first (causes holds the latest step's)
     id: int | None = None
@@ -47,7 +79,12 @@ class Incident:
 
     @property
     def severity(self) -> str:
-        return max((c.rule.severity for c in self.causes), key=SEVERITY_RANK.__getitem__)
+        return max((c.effective_severity for c in self.causes), key=SEVERITY_RANK.__getitem__)
+
+    @property
+    def observation(self) -> bool:
+        """An info-level finding: no objective broken and no user paying for it."""
+        return self.severity == "info"
 
     @property
     def open(self) -> bool:
@@ -67,6 +104,7 @@ class Incident:
             "start_s": json_number(self.start_s) if arrivals_known else None,
             "end_s": json_number(self.end_s) if arrivals_known else None,
             "impact": {k: json_number(v) for k, v in self.impact.items()},
+            "breaches": [b.to_json() for b in self.breaches],
             "causes": [_cause_json(c) for c in self.causes],
         }
         if self.id is not None:
@@ -80,11 +118,14 @@ def _cause_json(c: CauseFinding) -> dict[str, Any]:
         "rule": c.rule.id,
         "title": c.rule.title,
         "status": c.rule.status,  # experimental: proven only on simulated data
+        "severity": c.effective_severity,
         "cause": c.cause,
         "confidence": round(c.confidence, 3),
+        "measure_first": c.measure or None,
         "evidence": {name: {"value": json_number(v), "unit": REGISTRY[name].unit} for name, v in c.evidence.items()},
         "not_measured": [name for name, v in c.evidence.items() if json_number(v) is None],
         "fixes": [{"title": f.title, "why": f.why, "knobs": f.knobs} for f in c.fixes],
+        "in_effect": [{"title": f.title, "instead": f.if_in_effect, "knobs": f.knobs} for f in c.in_effect],
         "references": list(c.rule.references),
     }
 
@@ -100,13 +141,32 @@ def time_label(t: float, start_s: float, clock: str, arrivals_known: bool = True
 
 
 def incident_on(w: Window, symptom: str, start_s: float, end_s: float,
-                fired: Iterable[tuple[Rule, float, str]], slo: dict[str, float]) -> Incident:
-    """The incident of rules that fired (rule, confidence, cause title), its causes ranked and
-    their evidence, fixes and the impact read on ``w``."""
-    causes = [CauseFinding(rule, conf, title, {name: w.value(name) for name in rule.evidence}, rule.fixes_for(w.value, slo))
-              for rule, conf, title in fired]
-    causes.sort(key=lambda c: (-c.confidence, -SEVERITY_RANK[c.rule.severity], c.rule.id))
-    return Incident(symptom, start_s, end_s, causes, _impact(w, causes[0].rule, slo))
+                fired: Iterable[tuple], slo: dict[str, float],
+                objectives: Iterable[Objective] = ()) -> Incident:
+    """The incident of rules that fired ((rule, confidence, cause title[, severity])), its causes
+    ranked and their evidence, fixes and the impact read on ``w``; ``objectives`` broken on ``w``
+    whose symptom is the incident's become its breaches."""
+    causes = []
+    for rule, conf, title, *sev in fired:
+        in_effect = rule.fixes_in_effect(w.value, slo)
+        measure = next((c.measure for c in rule.causes if c.title == title), "")
+        causes.append(CauseFinding(rule, conf, title, {name: w.value(name) for name in rule.evidence},
+                                   rule.fixes_for(w.value, slo), sev[0] if sev else rule.severity, in_effect, measure))
+    # incidents first by how bad, then how sure: a harmful cause outranks an observation of the same symptom
+    causes.sort(key=lambda c: (-(SEVERITY_RANK[c.effective_severity] >= 2), -c.confidence,
+                               -SEVERITY_RANK[c.effective_severity], c.rule.id))
+    return Incident(symptom, start_s, end_s, causes, _impact(w, causes[0].rule, slo),
+                    breaches=breaches_on(w, symptom, objectives))
+
+
+def breaches_on(w: Window, symptom: str, objectives: Iterable[Objective]) -> tuple[Breach, ...]:
+    """The objectives of ``symptom`` broken on ``w`` (TTFT and queue time for ``ttft``, TPOT and
+    ITL for ``tpot``, end-to-end for ``latency``, the error rate for ``errors``), worst first."""
+    by_signal = {r.signal: r for r in readings(w)}
+    out = [Breach(o, by_signal[o.signal]) for o in objectives
+           if o.symptom == symptom and o.signal in by_signal and by_signal[o.signal].broken]
+    out.sort(key=lambda b: -b.reading.burn_rate)
+    return tuple(out)
 
 
 def _impact(w: Window, top: Rule, slo: dict[str, float]) -> dict[str, Any]:

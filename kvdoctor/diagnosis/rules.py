@@ -32,6 +32,9 @@ class Cause:
     title: str
     confidence: float
     when: C.Cond | None
+    #: a cause the data cannot confirm (a hypothesis): what to measure before changing anything.
+    #: When it is the top cause, this is the first step printed, ahead of the fixes.
+    measure: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,11 @@ class Fix:
     #: leave this fix out where the condition holds on the incident's window (e.g. "turn prefix
     #: caching on" where the evidence shows it on); unknown values keep the fix
     unless: C.Cond | None = None
+    #: the fix is already in effect on the recorded server where this holds (over the engine's
+    #: effective configuration: scraped, declared or the version's default, signals config_*):
+    #: it is then not advised but said to be on, with ``if_in_effect`` (what to look at instead)
+    in_effect: C.Cond | None = None
+    if_in_effect: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,15 @@ class Rule:
     #: ids of the report charts that show its finding, best first (one of chart_ids()); empty:
     #: the report picks by symptom
     charts: tuple[str, ...] = ()
+    #: when users are hurt by what the rule sees (an objective broken, or the capture's own
+    #: baseline says they pay): where it does not hold on a window, the rule is an observation
+    #: (info) there, not an incident. None: the rule's finding is harm itself (errors, OOM)
+    harm: C.Cond | None = None
+    #: where this holds, the finding is critical whatever its ``severity`` (a breach's size)
+    critical_when: C.Cond | None = None
+    #: "cause" (names why), or "objective" (says a service-level objective is broken: harm, not
+    #: a cause; scored and ranked after the causes that explain it)
+    kind: str = "cause"
 
     @property
     def experimental(self) -> bool:
@@ -97,17 +114,35 @@ class Rule:
 
     def signals(self) -> set[str]:
         out = set(self.when.signals()) | set(self.evidence)
-        for c in [*self.causes, *self.fixes]:
-            cond = c.when if isinstance(c, Cause) else c.unless
+        conds = [self.harm, self.critical_when, *(c.when for c in self.causes),
+                 *(f.unless for f in self.fixes), *(f.in_effect for f in self.fixes)]
+        for cond in conds:
             if cond is not None:
                 out |= cond.signals()
         return out
 
+    def severity_on(self, value: Callable[[str], float], slo: dict[str, float]) -> str:
+        """The severity of this rule's finding on a window where it is active: ``info`` where its
+        harm does not hold (an observation), ``critical`` where ``critical_when`` holds."""
+        if self.harm is not None and not C.evaluate(self.harm, value, slo, self.params):
+            return "info"
+        if self.critical_when is not None and C.evaluate(self.critical_when, value, slo, self.params):
+            return "critical"
+        return self.severity
+
+    def fixes_in_effect(self, value: Callable[[str], float], slo: dict[str, float] | None = None) -> tuple[Fix, ...]:
+        """The fixes already in effect on the recorded server (their ``in_effect`` holds)."""
+        return tuple(f for f in self.fixes if f.in_effect is not None and C.evaluate(f.in_effect, value, slo or {}, self.params))
+
     def fixes_for(self, value: Callable[[str], float], slo: dict[str, float] | None = None) -> tuple[Fix, ...]:
         """The fixes that apply given these signal values, in order: those whose ``unless``
-        holds are left out (all of them kept when every one would be)."""
-        keep = tuple(f for f in self.fixes if f.unless is None or not C.evaluate(f.unless, value, slo or {}, self.params))
-        return keep or self.fixes
+        holds are left out (all of them kept when every one would be), and those already in
+        effect are never advised (:meth:`fixes_in_effect` lists them)."""
+        slo = slo or {}
+        on = set(map(id, self.fixes_in_effect(value, slo)))
+        candidates = tuple(f for f in self.fixes if id(f) not in on)
+        keep = tuple(f for f in candidates if f.unless is None or not C.evaluate(f.unless, value, slo, self.params))
+        return keep or candidates
 
 
 @lru_cache(maxsize=1)
@@ -235,12 +270,17 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
         id=raw["id"], title=raw["title"], severity=raw["severity"], description=raw.get("description", ""),
         symptom=raw["symptom"]["name"], when=cond(raw["symptom"]["when"], "symptom.when"),
         impact=impact, min_requests=int(raw["symptom"].get("min_requests", 0)), for_s=for_s,
-        causes=tuple(Cause(c["title"], float(c["confidence"]), cond(c["when"], f"causes[{i}].when") if "when" in c else None)
+        causes=tuple(Cause(c["title"], float(c["confidence"]), cond(c["when"], f"causes[{i}].when") if "when" in c else None,
+                           c.get("measure", ""))
                      for i, c in enumerate(raw["causes"])),
         evidence=tuple(raw["evidence"]),
         fixes=tuple(Fix(f["title"], f.get("why", ""), dict(f["knobs"]),
-                        cond(f["unless"], f"fixes[{i}].unless") if "unless" in f else None)
+                        cond(f["unless"], f"fixes[{i}].unless") if "unless" in f else None,
+                        cond(f["in_effect"], f"fixes[{i}].in_effect") if "in_effect" in f else None,
+                        f.get("if_in_effect", ""))
                     for i, f in enumerate(raw["fixes"])),
+        harm=cond(raw["harm"], "harm") if "harm" in raw else None, kind=raw.get("kind", "cause"),
+        critical_when=cond(raw["critical_when"], "critical_when") if "critical_when" in raw else None,
         references=tuple(raw.get("references", [])),
         tests_fire=tuple(raw["tests"]["fire"]), tests_no_fire=tuple(raw["tests"]["no_fire"]),
         suppressed_by=tuple(raw.get("suppressed_by", [])), params=params, path=path,

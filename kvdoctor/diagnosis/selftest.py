@@ -37,13 +37,21 @@ class CaseResult:
 
 def split_case(case: str) -> tuple[str, Options]:
     """A case is a capture path, optionally followed by ``--max-model-len N`` (for an import
-    that does not record the server's context limit)."""
+    that does not record the server's context limit) and any number of ``--slo NAME=VALUE``
+    (objectives the case is judged against, beside the workload's defaults)."""
+    from ..objectives import parse_slo
+
     path, *opts = case.split()
-    if not opts:
-        return path, Options()
-    if len(opts) == 2 and opts[0] == "--max-model-len" and opts[1].isdigit() and int(opts[1]) > 0:
-        return path, Options(max_model_len_tokens=int(opts[1]))
-    raise ValueError(f"case {case!r}: expected PATH or PATH --max-model-len N")
+    max_len, slo = None, []
+    while opts:
+        if len(opts) >= 2 and opts[0] == "--max-model-len" and opts[1].isdigit() and int(opts[1]) > 0:
+            max_len = int(opts[1])
+        elif len(opts) >= 2 and opts[0] == "--slo":
+            slo.append(opts[1])
+        else:
+            raise ValueError(f"case {case!r}: expected PATH [--max-model-len N] [--slo NAME=VALUE ...]")
+        opts = opts[2:]
+    return path, Options(max_model_len_tokens=max_len, slo=parse_slo(slo))
 
 
 def resolve_case(rule: Rule, case: str) -> Path | None:

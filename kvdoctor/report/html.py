@@ -24,7 +24,10 @@ from .. import __version__
 from ..diagnosis import Diagnosis, Incident
 from ..signals import REGISTRY, Prepared
 from . import figures as F
-from .summary import ENGINE_LABEL, duration_text, engine_key, fmt
+from ..diagnosis.numbers import LATENCIES, QUANTILES
+from .labels import label, target_text, value_text
+from .summary import ENGINE_LABEL, duration_text, engine_key, fmt, impact_text
+from .verdict import applicable, first_step, headline
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 
@@ -61,18 +64,6 @@ def _knobs(knobs: dict[str, str], engine: str | None) -> list[tuple[str, str, bo
     return [(ENGINE_LABEL.get(k, k), knobs[k], k == engine) for k in keys]
 
 
-def _impact(inc: Incident) -> str:
-    parts = [f"{inc.impact.get('requests', 0):,} requests"]
-    if inc.impact.get("errors"):
-        parts.append(f"{inc.impact['errors']:,} failed")
-    sig = inc.impact.get("signal")
-    if sig and sig in REGISTRY:
-        val = fmt(inc.impact.get("value"), REGISTRY[sig].unit)
-        slo = inc.impact.get("slo")
-        parts.append(f"{sig} = {val}" + (f" (SLO {fmt(slo, REGISTRY[sig].unit)})" if slo is not None else ""))
-    return "; ".join(parts)
-
-
 def _evidence(evidence: dict[str, float], limit: int | None = None, skip_unknown: bool = False) -> list[tuple[str, str, str]]:
     out = []
     for name, v in evidence.items():
@@ -80,7 +71,7 @@ def _evidence(evidence: dict[str, float], limit: int | None = None, skip_unknown
         if skip_unknown and not known:
             continue
         sig = REGISTRY.get(name)
-        out.append((name, fmt(v, sig.unit if sig else ""), sig.doc if sig else ""))
+        out.append((label(name), value_text(v, sig.unit if sig else ""), f"{name}: {sig.doc}" if sig else name))
     return out[:limit] if limit else out
 
 
@@ -104,11 +95,10 @@ main.wrap{padding-top:18px;padding-bottom:40px}
 section{scroll-margin-top:52px}
 .card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:18px 20px;margin:0 0 18px;box-shadow:0 1px 2px rgba(0,0,0,.03)}
 h2{font-size:18px;margin:0 0 10px}h3{font-size:14px;margin:16px 0 6px;color:#374151}
-.numbers{display:grid;grid-template-columns:repeat(auto-fill,minmax(130px,1fr));gap:10px;margin:4px 0 16px}
-.num{border:1px solid var(--line);border-radius:8px;padding:8px 12px;background:#fafafa}
-.num .l{font-size:11.5px;color:var(--muted);text-transform:uppercase;letter-spacing:.03em}
-.num .v{font-size:19px;font-weight:650}
-.num.bad{border-color:#fecaca;background:#fef2f2}.num.bad .v{color:var(--crit)}
+.verdict{border-left:5px solid var(--ok);background:#f9fafb;border-radius:8px;padding:8px 14px;margin:0 0 12px}
+.verdict.v-critical{border-left-color:var(--crit)}.verdict.v-warning{border-left-color:var(--warn)}.verdict.v-info{border-left-color:var(--info)}
+.verdict .v1{font-size:15px;font-weight:650;margin:2px 0}.verdict .v2{margin:2px 0}.verdict .v3{color:var(--muted);font-size:12.5px;margin:2px 0}
+.keynumbers{margin:4px 0 16px}table.keynum{width:auto;min-width:520px}table.keynum tr.bad td{color:var(--crit);font-weight:600}
 .badge{display:inline-block;font-size:11px;font-weight:700;letter-spacing:.04em;text-transform:uppercase;color:#fff;border-radius:4px;padding:1px 7px;vertical-align:2px}
 .sev-critical .badge,.badge.sev-critical{background:var(--crit)}.sev-warning .badge,.badge.sev-warning{background:var(--warn)}.sev-info .badge,.badge.sev-info{background:var(--info)}
 .sym{font:12px ui-monospace,Menlo,monospace;color:#374151;background:#eef2ff;border-radius:4px;padding:1px 6px;margin:0 4px}
@@ -219,39 +209,80 @@ class _Page:
         links.append('<a href="#more">More views</a>')
         return f'<nav class="nav"><div class="wrap">{"".join(links)}</div></nav>'
 
+    def verdict(self) -> str:
+        """The three lines every output starts with (report/verdict.py): what and since when with
+        the likely cause, the first step for this engine, and where."""
+        l1, l2, l3 = headline(self.diag)
+        sev = self.diag.incidents[0].severity if self.diag.incidents and not self.diag.incidents[0].observation else "ok"
+        return (f'<div class="verdict v-{esc(sev)}"><p class="v1">{esc(l1)}</p><p class="v2">{esc(l2)}</p>'
+                f'<p class="v3">{esc(l3)}</p></div>')
+
     def numbers(self) -> str:
-        cells = "".join(f'<div class="num{" bad" if bad else ""}"><div class="l">{esc(label)}</div><div class="v">{esc(value)}</div></div>'
-                        for label, value, bad in F.key_numbers(self.diag, self.prep))
-        return f'<div class="numbers">{cells}</div>'
+        """The key numbers (diagnosis/numbers.py, the same as the text and JSON outputs): latency
+        percentiles with the objective beside each, a broken one marked, then volume and errors."""
+        k = self.diag.key_numbers
+        rows = []
+        for key, name, _ in LATENCIES:
+            vals = k.latency_s.get(key, {})
+            if not any(math.isfinite(v) for v in vals.values()):
+                continue
+            checks = k.check_for(key)
+            broken = any(c.broken for c in checks)
+            obj = "; ".join(f"P{c.objective.percentile} ≤ {target_text(c.objective.target, 's')}"
+                            + (f" — broken: {c.over:,} of {c.total:,} over" if c.broken else "")
+                            + ("" if c.objective.stated else " (default)") for c in checks) or "—"
+            cells = "".join(f'<td class="n">{esc(value_text(vals.get(q), "s"))}</td>' for q in QUANTILES)
+            rows.append(f'<tr class="{"bad" if broken else ""}"><td>{esc(name)}</td>{cells}<td>{esc(obj)}</td></tr>')
+        table = ('<table class="keynum"><tr><th></th><th>P50</th><th>P90</th><th>P99</th><th>objective</th></tr>'
+                 + "".join(rows) + "</table>") if rows else ""
+        vol = [f"{k.requests:,} requests"]
+        if math.isfinite(k.duration_s):
+            vol.append(f"over {duration_text(k.duration_s)}")
+        if math.isfinite(k.request_rate_per_s):
+            vol.append(value_text(k.request_rate_per_s, "1/s"))
+        if math.isfinite(k.output_tokens_per_s) and k.output_tokens_per_s > 0:
+            vol.append(f"{value_text(k.output_tokens_per_s, 'tokens/s')} out")
+        if k.errors is not None:
+            err = f"{k.errors:,} failed ({value_text(k.error_rate, 'fraction')})"
+            for c in k.check_for("error_rate"):
+                err += f"; objective ≤ {target_text(c.objective.target, 'fraction')}" + (" — broken" if c.broken else "")
+            vol.append(err)
+        return f'<div class="keynumbers">{table}<p class="line">{esc(" · ".join(vol))}</p></div>'
 
     def summary(self) -> str:
         d = self.diag
-        out = ['<section id="summary" class="card"><h2>Summary</h2>', self.numbers()]
-        if not d.incidents:
-            out.append('<ol class="incidents"><li class="healthy"><span class="inc-title">No incident: no rule fired.</span>'
-                       '<p class="line">Every rule was evaluated over the capture; none found a problem it could name. '
-                       'The charts below show the capture as it is.</p></li></ol>')
+        out = ['<section id="summary" class="card"><h2>Summary</h2>', self.verdict(), self.numbers()]
+        if d.nothing_to_diagnose:
+            out.append(f'<p class="line">Nothing to diagnose: {esc(d.nothing_to_diagnose)}</p></section>')
+            return "".join(out)
+        pages = [(n, i) for n, i in enumerate(d.incidents, 1) if not i.observation]
+        notes = [(n, i) for n, i in enumerate(d.incidents, 1) if i.observation]
+        if not pages:
+            out.append('<ol class="incidents"><li class="healthy"><span class="inc-title">No incident: no objective '
+                       'broken and nobody waiting beyond the server\'s own work.</span>'
+                       '<p class="line">Every rule that could run was evaluated; the charts below show the capture '
+                       'as it is.</p></li></ol>')
         else:
-            n_crit = sum(i.severity == "critical" for i in d.incidents)
-            out.append(f'<p class="line">{len(d.incidents)} incident{"s" if len(d.incidents) != 1 else ""}'
+            n_crit = sum(i.severity == "critical" for _, i in pages)
+            out.append(f'<p class="line">{len(pages)} incident{"s" if len(pages) != 1 else ""}'
                        + (f", {n_crit} critical" if n_crit else "") + ", most severe first. Each links to its section.</p>")
-            out.append('<ol class="incidents">')
-            for n, inc in enumerate(d.incidents, 1):
-                out.append(self.summary_item(n, inc))
-            out.append("</ol>")
+            out.append('<ol class="incidents">' + "".join(self.summary_item(n, inc) for n, inc in pages) + "</ol>")
+        if notes:
+            out.append('<h3>Observations</h3><p class="line note">Shapes the rules saw that hurt nobody: no objective '
+                       'broken, nobody waiting because of them. Nothing to fix while that holds.</p>')
+            out.append('<ol class="incidents">' + "".join(self.summary_item(n, inc) for n, inc in notes) + "</ol>")
         out.append("</section>")
         return "".join(out)
 
     def summary_item(self, n: int, inc: Incident) -> str:
         d, top = self.diag, inc.causes[0]
-        fix = top.fixes[0] if top.fixes else None
         chips = "".join(f'<span class="chip" title="{esc(doc)}">{esc(name)} <b>{esc(val)}</b></span>'
                         for name, val, doc in _evidence(top.evidence, 4, skip_unknown=True))
-        fix_html = ""
-        if fix:
-            knob = _knobs(fix.knobs, self.engine)[:1]
-            fix_html = (f'<p class="line"><b>First fix:</b> {esc(fix.title)}'
-                        + (f' <code>{esc(knob[0][0])}: {esc(knob[0][1])}</code>' if knob else "") + "</p>")
+        fix_html = f'<p class="line"><b>{esc(first_step(top, self.engine).split(":", 1)[0])}:</b> ' \
+                   f'{esc(first_step(top, self.engine).split(":", 1)[1].strip())}</p>'
+        if top.in_effect:
+            fix_html += "".join(f'<p class="line note">Already on: {esc(f.title)}'
+                                + (f" — {esc(f.if_in_effect)}" if f.if_in_effect else "") + "</p>" for f in top.in_effect)
         also = ""
         if len(inc.causes) > 1:
             also = ('<p class="line note">Also considered: '
@@ -260,7 +291,7 @@ class _Page:
                 f'<span class="sym">{esc(inc.symptom)}</span>'
                 f'<a class="inc-title inc-link" href="#incident-{n}">{n}. {esc(top.rule.title)}</a>'
                 f'<span class="when">{esc(d.time_label(inc.start_s))} → {esc(d.time_label(inc.end_s))} '
-                f'({esc(duration_text(inc.end_s - inc.start_s))}) · {esc(_impact(inc))}</span></div>'
+                f'({esc(duration_text(inc.end_s - inc.start_s))}) · {esc(impact_text(inc))}</span></div>'
                 f'<p class="line"><b>Likely cause</b> <span class="conf">{top.confidence:.0%}</span> '
                 f'(rule <code>{esc(top.rule.id)}</code>{esc(top.rule.tag)}): {esc(top.cause)}</p>'
                 f'<div class="chips">{chips}</div>{fix_html}{also}</li>')
@@ -273,7 +304,7 @@ class _Page:
             f"<td>{esc(c.cause)}</td></tr>" for i, c in enumerate(inc.causes, 1))
         text = [f'<h3>Causes, most likely first</h3><table><tr><th>#</th><th>rule</th><th>confidence</th><th>cause</th></tr>{causes}</table>',
                 f"<h3>Evidence</h3>{self.evidence_table(top.evidence)}",
-                f"<h3>Fixes, in order</h3>{self.fixes(top.fixes)}"]
+                f"<h3>Fixes, in order</h3>{self.fixes(applicable(top.fixes, self.engine))}"]
         if top.rule.description:
             text.append(f'<details><summary>About this rule</summary><p>{esc(top.rule.description)}</p></details>')
         for c in inc.causes[1:]:
@@ -294,13 +325,13 @@ class _Page:
                 f'<span class="badge">{esc(inc.severity)}</span><span class="sym">{esc(inc.symptom)}</span>'
                 f"<h2>{n}. {esc(top.rule.title)}</h2>"
                 f'<p class="line"><b>When:</b> {esc(d.time_label(inc.start_s))} → {esc(d.time_label(inc.end_s))} '
-                f"({esc(duration_text(inc.end_s - inc.start_s))}) · <b>Impact:</b> {esc(_impact(inc))}</p>"
+                f"({esc(duration_text(inc.end_s - inc.start_s))}) · <b>Impact:</b> {esc(impact_text(inc))}</p>"
                 f'<p class="line"><b>Likely cause</b> ({top.confidence:.0%}, rule <code>{esc(top.rule.id)}</code>{esc(top.rule.tag)}): {esc(top.cause)}</p>'
                 f'<div class="{body_cls}"><div class="inc-text">{"".join(text)}</div>'
                 f'<div class="inc-charts">{"".join(charts)}</div></div></section>')
 
     def evidence_table(self, evidence: dict[str, float]) -> str:
-        rows = "".join(f'<tr><td><code>{esc(name)}</code><div class="doc">{esc(doc)}</div></td><td class="n">{esc(val)}</td></tr>'
+        rows = "".join(f'<tr><td>{esc(name)}<div class="doc">{esc(doc)}</div></td><td class="n">{esc(val)}</td></tr>'
                        for name, val, doc in _evidence(evidence))
         return f'<table class="evidence"><tr><th>signal</th><th>value</th></tr>{rows}</table>'
 
@@ -391,7 +422,7 @@ def _json(obj: Any) -> str:
 def render_html(diag: Diagnosis, title: str | None = None, charts: dict[str, F.Chart] | None = None,
                 prep: Prepared | None = None) -> str:
     """The report page for a diagnosis, as one HTML string."""
-    prep = prep or diag.prepared or Prepared(diag.capture, diag.options.slo)
+    prep = prep or diag.prepared or Prepared(diag.capture, diag.options.targets, diag.options.stated)
     charts = charts if charts is not None else F.build_charts(diag, prep)
     return _Page(diag, charts, prep, title).render()
 

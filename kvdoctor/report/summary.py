@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 
 from ..diagnosis import Diagnosis, Incident
+from ..diagnosis.numbers import LATENCIES, QUANTILES
 from ..engines.labels import ENGINE_KNOB, ENGINE_LABEL  # noqa: F401  (renderers import them from here)
 from ..signals import REGISTRY
 from ..units import duration_text, fmt  # noqa: F401  (one formatter for every renderer)
+from .labels import label, reading, target_text, value_text
+from .verdict import applicable, breach_text, cause_text, engine_key, first_step, headline, knob_lines, what_text
 
 def _measured(v: float | None) -> bool:
     return v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
@@ -22,32 +25,23 @@ def _not_measured(evidence: dict[str, float]) -> list[str]:
     return [k for k, v in evidence.items() if not _measured(v)]
 
 
-def evidence_lines(evidence: dict[str, float]) -> tuple[list[tuple[str, str]], list[str], list[str]]:
-    """(measured readings as (name, value text), counts that are zero, names not measured): renderers
-    show readings one a line, then the zero counts and the unmeasured names one line each, so an
-    unmeasured signal never reads like a measured 'n/a'."""
+def evidence_lines(evidence: dict[str, float], verbose: bool = False) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """(measured readings as (label, value text), counts that are zero, names not measured):
+    renderers show readings one a line, then the zero counts and the unmeasured names one line
+    each, so an unmeasured signal never reads like a measured 'n/a'. Labels are what people read
+    ("TTFT P99"); ``verbose`` adds the signal's identifier."""
     shown, zero = [], []
     for k, v in _known(evidence):
+        name = f"{label(k)} [{k}]" if verbose else label(k)
         if v == 0 and REGISTRY[k].unit == "count":
-            zero.append(k)
+            zero.append(name)
         else:
-            shown.append((k, fmt(v, REGISTRY[k].unit)))
-    return shown, zero, _not_measured(evidence)
-
-
-def _evidence_line(name: str, value: float) -> str:
-    return f"{name} = {fmt(value, REGISTRY[name].unit)}"
-
-
-def engine_key(diag: Diagnosis) -> str | None:
-    return ENGINE_KNOB.get((diag.capture.meta.engine or "").lower())
+            shown.append((name, value_text(v, REGISTRY[k].unit)))
+    return shown, zero, [f"{label(k)} [{k}]" if verbose else label(k) for k in _not_measured(evidence)]
 
 
 def _knobs(knobs: dict[str, str], engine: str | None, limit: int = 2) -> list[str]:
-    if engine and engine in knobs:
-        return [f"{ENGINE_LABEL[engine]}: {knobs[engine]}"]
-    keys = (["any"] if "any" in knobs else []) + [k for k in knobs if k != "any"]
-    return [f"{ENGINE_LABEL[k]}: {knobs[k]}" for k in keys[:limit]]
+    return knob_lines(knobs, engine, limit)
 
 
 _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_{}[]()#+-.!|<>~"} | {"\n": " ", "\r": " "})
@@ -59,17 +53,11 @@ def md_escape(text: object) -> str:
     return str(text).translate(_MD_SPECIAL)
 
 
-def _header(diag: Diagnosis, esc=str) -> list[str]:
-    """The header lines; ``esc`` escapes the values that come from the capture (Markdown)."""
+def details(diag: Diagnosis, esc=str) -> list[str]:
+    """What the reader should know about the capture before trusting the numbers: sources that
+    could not be read, where the context limit came from, and the warnings."""
     meta = diag.capture.meta
-    span = max(diag.end_s - diag.start_s, 0)
-    when = (f"{diag.time_label(diag.start_s)} → {diag.time_label(diag.end_s)} ({duration_text(span)})"
-            if diag.arrivals_known else "arrival times unknown")
-    lines = [f"kvdoctor · {esc(diag.capture.path)} · {len(diag.capture.requests):,} requests · {when}"]
-    what = " · ".join(x for x in (meta.engine and f"engine {esc(meta.engine)}", meta.model and f"model {esc(meta.model)}",
-                                  meta.gpu and f"GPU {esc(meta.gpu)}") if x)
-    if what:
-        lines.append(what)
+    lines = []
     missing = [k for k, v in meta.sources.items() if not v.ok]
     if missing:
         lines.append("not read: " + ", ".join(f"{esc(k)} ({esc(meta.sources[k].detail)})" for k in missing))
@@ -80,8 +68,57 @@ def _header(diag: Diagnosis, esc=str) -> list[str]:
     return lines
 
 
+def key_numbers_lines(diag: Diagnosis) -> list[str]:
+    """The key-numbers table: latency percentiles with the objective beside each, then volume and
+    errors. A broken objective is marked BROKEN with how many requests were over it."""
+    k = diag.key_numbers
+    rows = [("", "P50", "P90", "P99", "objective")]
+    for key, name, _ in LATENCIES:
+        vals = k.latency_s.get(key, {})
+        if not any(_measured(v) for v in vals.values()):
+            continue
+        obj = []
+        for c in k.check_for(key):
+            o = c.objective
+            mark = f" BROKEN ({c.over:,}/{c.total:,} over)" if c.broken else ""
+            obj.append(f"P{o.percentile} <= {target_text(o.target, 's')}{mark}")
+        rows.append((name, *(value_text(vals.get(q), "s") for q in QUANTILES), "; ".join(obj) or "-"))
+    out = []
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        out = ["Key numbers:"] + ["  " + "  ".join(c.rjust(widths[i]) if 0 < i < 4 else c.ljust(widths[i])
+                                                   for i, c in enumerate(r)).rstrip() for r in rows]
+    parts = [f"{k.requests:,} requests"]
+    if _measured(k.duration_s):
+        parts.append(f"over {duration_text(k.duration_s)}")
+    if _measured(k.request_rate_per_s):
+        parts.append(value_text(k.request_rate_per_s, "1/s"))
+    if _measured(k.output_tokens_per_s) and k.output_tokens_per_s > 0:
+        parts.append(f"{value_text(k.output_tokens_per_s, 'tokens/s')} out")
+    if k.errors is not None:
+        err = f"{k.errors:,} failed ({value_text(k.error_rate, 'fraction')})" if _measured(k.error_rate) else f"{k.errors:,} failed"
+        for c in k.check_for("error_rate"):
+            err += f"; objective <= {target_text(c.objective.target, 'fraction')}" + (" BROKEN" if c.broken else "")
+        parts.append(err)
+    out.append(("  " if out else "") + " · ".join(parts))
+    return out
+
+
+def not_evaluated_short(diag: Diagnosis, where: str = "kvdoctor diagnose lists them") -> list[str]:
+    """One short line: how many rules could not run and the first things they lacked."""
+    items = getattr(diag, "not_evaluated", [])
+    if not items:
+        return []
+    needs = list(dict.fromkeys(n for item in items for n in item.needs))
+    needs.sort(key=lambda n: "pass --" not in n)  # what the user can supply first
+    text = "; ".join(needs)
+    if len(text) > 110:
+        text = text[:107].rsplit(";", 1)[0] + "; …"
+    return [f"{len(items)} rule{'s' * (len(items) > 1)} not evaluated (needs {text}): {where}"]
+
+
 def _not_evaluated(diag: Diagnosis) -> list[str]:
-    """The rules that could not fire on this capture and what they lacked (kvdoctor/diagnosis/coverage.py)."""
+    """The rules that could not fire on this capture and what they lacked, in full."""
     from ..diagnosis.coverage import not_evaluated_line
 
     line = not_evaluated_line(getattr(diag, "not_evaluated", []))
@@ -94,46 +131,72 @@ def _when(diag: Diagnosis, inc: Incident) -> str:
     return f"{diag.time_label(inc.start_s)} → {diag.time_label(inc.end_s)} ({duration_text(inc.end_s - inc.start_s)})"
 
 
-def _impact(inc: Incident) -> str:
+def impact_text(inc: Incident) -> str:
+    """Requests in the incident, failures, and its impact reading (with the objective when judged)."""
     parts = [f"{inc.impact.get('requests', 0):,} requests"]
     if inc.impact.get("errors"):
         parts.append(f"{inc.impact['errors']:,} failed")
-    sig = inc.impact.get("signal")
-    if sig:
-        val = fmt(inc.impact.get("value"), REGISTRY[sig].unit)
-        slo = inc.impact.get("slo")
-        parts.append(f"{sig} = {val}" + (f" (SLO {fmt(slo, REGISTRY[sig].unit)})" if slo is not None else ""))
+    if inc.breaches:
+        parts += [breach_text(b) for b in inc.breaches]
+    else:
+        sig = inc.impact.get("signal")
+        if sig:
+            parts.append(reading(sig, inc.impact.get("value")))
     return "; ".join(parts)
 
 
-def summary_text(diag: Diagnosis, max_evidence: int = 4) -> str:
-    """The on-call text: what, when, impact, likely cause with evidence, first fix."""
-    lines = _header(diag)
+def _fix_block(c, engine: str | None, limit: int, indent: str, first_only: bool) -> list[str]:
+    fixes = applicable(c.fixes, engine)
+    lines = []
+    for f in fixes[:1] if first_only else fixes:
+        lines.append(f"{indent}{'First fix' if first_only else 'fix'}: {f.title}")
+        lines += [f"{indent}  {k}" for k in knob_lines(f.knobs, engine, limit=limit)]
+    for f in c.in_effect:
+        lines.append(f"{indent}already on: {f.title}" + (f" — {f.if_in_effect}" if f.if_in_effect else ""))
+    if not engine and fixes:
+        lines.append(f"{indent}(engine unknown: knobs for every engine; pass --engine on import)")
+    return lines
+
+
+def summary_text(diag: Diagnosis, max_evidence: int = 4, verbose: bool = False) -> str:
+    """The on-call text: the verdict in three lines, the key numbers, then each incident (what,
+    when, impact, likely cause with evidence, first fix) and the observations."""
+    lines = headline(diag)
     engine = engine_key(diag)
-    if not diag.incidents:
-        lines.append("")
-        lines.append("No incident: no rule fired. " + _healthy_line(diag))
-        return "\n".join(lines + _not_evaluated(diag)) + "\n"
-    for n, inc in enumerate(diag.incidents, 1):
-        top = inc.causes[0]
+    if diag.nothing_to_diagnose:
+        return "\n".join(lines + [""] + details(diag)) + "\n"
+    lines += [""] + key_numbers_lines(diag)
+    extra = details(diag)
+    if extra:
+        lines += [""] + extra
+    pages = [i for i in diag.incidents if not i.observation]
+    notes = [i for i in diag.incidents if i.observation]
+    for n, inc in enumerate(pages, 1):
+        top = inc.top
         lines += [
             "",
             f"[{n}] {inc.severity.upper()} {inc.symptom} · {_when(diag, inc)}",
             f"What: {top.rule.title}",
-            f"Impact: {_impact(inc)}",
+            f"Impact: {impact_text(inc)}",
             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
-            "Evidence: " + " · ".join(f"{k} = {v}" for k, v in evidence_lines(top.evidence)[0][:max_evidence]),
+            "Evidence: " + " · ".join(f"{k} {v}" for k, v in evidence_lines(top.evidence, verbose)[0][:max_evidence]),
         ]
-        unmeasured = _not_measured(top.evidence)
+        unmeasured = evidence_lines(top.evidence, verbose)[2]
         if unmeasured:
             lines.append("Not measured: " + ", ".join(unmeasured))
-        lines += [
-            f"First fix: {top.fixes[0].title}",
-        ]
-        lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, engine)]
+        if top.measure:
+            lines.append(f"First step (a hypothesis): {top.measure}")
+        lines += _fix_block(top, engine, 2, "", first_only=True)
         if len(inc.causes) > 1:
             lines.append("Also considered: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%}){c.rule.tag}" for c in inc.causes[1:4]))
-    return "\n".join(lines + [""] + _not_evaluated(diag)) + "\n"
+    if notes:
+        lines += ["", "Observations (no objective broken, nobody waiting because of them):"]
+        for inc in notes:
+            top = inc.top
+            ev = " · ".join(f"{k} {v}" for k, v in evidence_lines(top.evidence, verbose)[0][:3])
+            lines.append(f"- {top.rule.id}{top.rule.tag} ({inc.symptom}, {_when(diag, inc)}): {top.cause}" + (f" — {ev}" if ev else ""))
+    tail = _not_evaluated(diag) if verbose else not_evaluated_short(diag, "kvdoctor diagnose (or summary --verbose) lists them")
+    return "\n".join(lines + ([""] + tail if tail else [])) + "\n"
 
 
 def _healthy_line(diag: Diagnosis) -> str:
@@ -142,73 +205,95 @@ def _healthy_line(diag: Diagnosis) -> str:
     w = (diag.prepared or Prepared(diag.capture)).window(diag.start_s, diag.end_s)
     keys = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "error_rate", "prompt_p50_tokens",
             "prompt_p99_tokens", "prefix_hit_rate_achievable", "request_rate_per_s")
-    parts = [_evidence_line(k, w.value(k)) for k in keys if not math.isnan(w.value(k))]
+    parts = [reading(k, w.value(k)) for k in keys if not math.isnan(w.value(k))]
     note = "" if not math.isnan(w.value("ttft_p50_s")) else " (no latencies in this capture: workload only)"
     return " · ".join(parts) + note
 
 
-def full_text(diag: Diagnosis) -> str:
-    """Every incident with every cause, all evidence and all fixes."""
-    lines = _header(diag)
+def full_text(diag: Diagnosis, verbose: bool = True) -> str:
+    """Every incident and observation with every cause, all evidence and all fixes."""
+    lines = headline(diag)
     engine = engine_key(diag)
+    if diag.nothing_to_diagnose:
+        return "\n".join(lines + [""] + details(diag)) + "\n"
+    lines += [""] + key_numbers_lines(diag)
+    extra = details(diag)
+    if extra:
+        lines += [""] + extra
     if not diag.incidents:
-        return "\n".join(lines + ["", "No incident: no rule fired. " + _healthy_line(diag)] + _not_evaluated(diag)) + "\n"
+        lines += ["", "No incident: no rule fired. " + _healthy_line(diag)]
     for n, inc in enumerate(diag.incidents, 1):
-        lines += ["", f"Incident {n}: {inc.severity.upper()} {inc.symptom}, {_when(diag, inc)}",
-                  f"  impact: {_impact(inc)}"]
+        kind = "Observation" if inc.observation else "Incident"
+        lines += ["", f"{kind} {n}: {inc.severity.upper()} {inc.symptom}, {_when(diag, inc)}",
+                  f"  impact: {impact_text(inc)}"]
         for rank, c in enumerate(inc.causes, 1):
-            lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}): {c.rule.title}{c.rule.tag}")
+            sev = "" if c.effective_severity == inc.severity else f" [{c.effective_severity}]"
+            lines.append(f"  {rank}. {c.rule.id} ({c.confidence:.0%}){sev}: {c.rule.title}{c.rule.tag}")
             lines.append(f"     cause: {c.cause}")
-            shown, zero, unmeasured = evidence_lines(c.evidence)
-            lines += [f"     - {k} = {v}" for k, v in shown]
+            shown, zero, unmeasured = evidence_lines(c.evidence, verbose)
+            lines += [f"     - {k} {v}" for k, v in shown]
             if zero:
                 lines.append(f"     - zero: {', '.join(zero)}")
             if unmeasured:
                 lines.append(f"     not measured: {', '.join(unmeasured)}")
-            for f in c.fixes:
-                lines.append(f"     fix: {f.title}")
-                lines += [f"       {k}" for k in _knobs(f.knobs, engine, limit=5)]
+            if c.measure:
+                lines.append(f"     first step (a hypothesis): {c.measure}")
+            lines += _fix_block(c, engine, 5, "     ", first_only=False)
     return "\n".join(lines + [""] + _not_evaluated(diag)) + "\n"
 
 
 def markdown(diag: Diagnosis) -> str:
-    out = ["# kvdoctor diagnosis", "", *[f"- {x}" for x in _header(diag, md_escape)], ""]
+    head = headline(diag, md_escape, with_model=False)  # the model is its own line below
+    meta = diag.capture.meta
+    about = [f"- {what} {md_escape(v)}" for what, v in (("engine", meta.engine), ("engine version", getattr(meta, "engine_version", None)),
+                                                         ("model", meta.model), ("GPU", meta.gpu), ("server", meta.server)) if v]
+    out = ["# kvdoctor diagnosis", "", f"**{head[0]}**", "", head[1], "", f"_{head[2]}_", "", *about, ""]
+    if diag.nothing_to_diagnose:
+        return "\n".join(out + [f"- {x}" for x in details(diag, md_escape)] + [""])
+    out += ["```", *key_numbers_lines(diag), "```", ""]
+    out += [f"- {x}" for x in details(diag, md_escape)] + [""] * bool(details(diag, md_escape))
     if not diag.incidents:
         return "\n".join(out + ["**No incident**: no rule fired. " + _healthy_line(diag), ""]
                          + [f"_{x}_" for x in _not_evaluated(diag)] + [""] * bool(_not_evaluated(diag)))
     engine = engine_key(diag)
     for n, inc in enumerate(diag.incidents, 1):
         top = inc.causes[0]
-        out += [f"## {n}. {top.rule.title}", "",
-                f"**{inc.severity}** · symptom `{inc.symptom}` · {_when(diag, inc)} · {_impact(inc)}", "",
+        kind = "Observation: " if inc.observation else ""
+        out += [f"## {n}. {kind}{top.rule.title}", "",
+                f"**{inc.severity}** · symptom `{inc.symptom}` · {_when(diag, inc)} · {impact_text(inc)}", "",
                 "| rank | rule | confidence | cause |", "|---|---|---|---|"]
         out += [f"| {i} | `{c.rule.id}`{c.rule.tag} | {c.confidence:.0%} | {c.cause} |" for i, c in enumerate(inc.causes, 1)]
         shown, zero, unmeasured = evidence_lines(top.evidence)
-        out += ["", "**Evidence**", ""] + [f"- `{k}` = {v}" for k, v in shown]
+        out += ["", "**Evidence**", ""] + [f"- {k} {v}" for k, v in shown]
         if zero:
-            out.append("- zero: " + ", ".join(f"`{k}`" for k in zero))
+            out.append("- zero: " + ", ".join(zero))
         if unmeasured:
-            out += ["", "Not measured: " + ", ".join(f"`{k}`" for k in unmeasured)]
+            out += ["", "Not measured: " + ", ".join(unmeasured)]
+        if top.measure:
+            out += ["", f"**First step (a hypothesis):** {top.measure}"]
         out += ["", "**Fixes, in order**", ""]
-        for f in top.fixes:
+        for f in applicable(top.fixes, engine):
             out.append(f"1. {f.title}" + (f" — {f.why}" if f.why else ""))
-            out += [f"   - {k}" for k in _knobs(f.knobs, engine, limit=5)]
+            out += [f"   - {k}" for k in knob_lines(f.knobs, engine, limit=5)]
+        for f in top.in_effect:
+            out.append(f"- already on: {f.title}" + (f" — {f.if_in_effect}" if f.if_in_effect else ""))
         out.append("")
     out += [f"_{x}_" for x in _not_evaluated(diag)] + [""] * bool(_not_evaluated(diag))
     return "\n".join(out)
 
 
 def live_incident_text(inc: Incident, what: str, engine: str | None) -> str:
-    """A live incident as the sidecar prints it and posts it to a webhook (Slack text)."""
+    """A live incident as the sidecar prints it and posts it to a webhook (Slack text): the same
+    first lines as the summary's."""
     top = inc.top
     if what == "closed":
         return (f"RESOLVED #{inc.id} {inc.symptom}: {top.rule.title}{top.rule.tag} "
                 f"(open {duration_text((inc.closed_s or inc.end_s) - inc.start_s)})")
-    lines = [f"INCIDENT #{inc.id} {inc.severity.upper()} {inc.symptom}: {top.rule.title}",
-             f"Likely cause ({top.confidence:.0%}, rule {top.rule.id}{top.rule.tag}): {top.cause}",
-             "Evidence: " + " · ".join(_evidence_line(k, v) for k, v in _known(top.evidence)[:4]),
-             f"First fix: {top.fixes[0].title}"]
-    lines += [f"  {k}" for k in _knobs(top.fixes[0].knobs, ENGINE_KNOB.get((engine or "").lower()))]
+    key = ENGINE_KNOB.get((engine or "").lower())
+    head = "OBSERVATION" if inc.observation else "INCIDENT"
+    lines = [f"{head} #{inc.id} {inc.severity.upper()} {inc.symptom}: {what_text(inc)} — likely cause: {cause_text(top)}",
+             first_step(top, key),
+             "Evidence: " + " · ".join(reading(k, v) for k, v in _known(top.evidence)[:4])]
     if len(inc.causes) > 1:
         lines.append("Also: " + ", ".join(f"{c.rule.id} ({c.confidence:.0%}){c.rule.tag}" for c in inc.causes[1:4]))
     return "\n".join(lines)

@@ -43,6 +43,13 @@ def itl_p50(w):
     return percentile(v if len(v) else w.r("itl_p50_s"), 50, MIN_REQUESTS)
 
 
+@signal("itl_p90_s", "s")
+def itl_p90(w):
+    """P90 of every inter-token gap in the window (else of per-request P50s)."""
+    v = w.itl_values()
+    return percentile(v if len(v) else w.r("itl_p50_s"), 90, MIN_REQUESTS)
+
+
 @signal("itl_p99_s", "s")
 def itl_p99(w):
     """P99 of every inter-token gap in the window (else of per-request P99s); stalls show here."""

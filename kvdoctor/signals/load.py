@@ -282,3 +282,10 @@ def ttft_slow_over_prefill(w):
     the slow requests pay the prefill and do not wait)."""
     md = _modes(w)
     return md["slow_over_prefill"] if md else np.nan
+
+
+@signal("arrivals_known", "bool")
+def arrivals_known(w):
+    """1 when the capture has send times (load, rates and waits can be judged); 0 for sources
+    without them (llmperf result files), whose requests are in file order."""
+    return float(_arrivals_known(w.prep))

@@ -211,3 +211,26 @@ def agreement_drop(w):
     grows with context length."""
     long_, short = _by_length(w, "baseline_agreement_frac")
     return short - long_
+
+
+@signal("prefix_reusable_request_frac", "fraction")
+def reusable_request_frac(w):
+    """Share of requests whose prompt starts with a block an earlier request already sent (from
+    prompt block hashes): those an ideal prefix cache could serve at least in part."""
+    ach = w.r("achievable_cached_tokens")
+    m = np.isfinite(ach)
+    if m.sum() < 5:
+        return np.nan
+    return float(np.mean(ach[m] > 0))
+
+
+@signal("misses_reusable", "bool")
+def misses_reusable(w):
+    """0 when the prompts' prefix hashes show that too few requests could have reused a cached
+    prefix to explain the slow cluster as misses (fewer than 20% of requests beyond the fast,
+    hit, cluster); 1 otherwise, also when the capture has no hashes (nothing says otherwise)."""
+    reusable = w.value("prefix_reusable_request_frac")
+    fast = w.value("ttft_fast_mode_frac")
+    if not np.isfinite(reusable) or not np.isfinite(fast):
+        return 1.0
+    return float(reusable - fast >= 0.2)

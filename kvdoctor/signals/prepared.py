@@ -36,10 +36,13 @@ def is_sorted(a: np.ndarray) -> bool:
 class Prepared:
     """A capture sorted by time with the per-request columns signals share."""
 
-    def __init__(self, cap: Capture, slo: dict[str, float] | None = None):
+    def __init__(self, cap: Capture, slo: dict[str, float] | None = None, stated: frozenset[str] | set[str] = frozenset()):
         self.cap = cap
         self.meta = cap.meta
+        #: the objectives judged: signal -> target (kvdoctor/objectives.py); ``stated``: those the
+        #: user gave (--slo, an SLO file), the rest are the workload's defaults
         self.slo = dict(slo or {})
+        self.stated = frozenset(stated)
         req = cap.requests
         t = req.num("arrival_s")
         if np.all(np.isnan(t)):
@@ -76,6 +79,12 @@ class Prepared:
         self.col["decode_concurrency"] = self._mean_in_flight(self.col["first_token_s"], self.col["finish_s"])
         self._order = order
         self._session: np.ndarray | None = None
+        #: where no request says its conversation and turn but prompts carry block hashes, both are
+        #: inferred from the prefix chains on first use (conversations.py): most clients send no
+        #: session id, yet each turn's prompt extends the previous one
+        self.turns_inferred = False
+        if not np.isfinite(self.col["turn"]).any() and len(order) and req.lists("prefix_block_hashes") is not None:
+            del self.col["turn"]
         self.itl = self._itl_lists(req, order)
         #: streams the recorder read in bursts (most gaps under READ_BURST_S): its own process
         #: was starved, so their decode timings are the reader's, not the engine's, and are unknown
@@ -207,9 +216,13 @@ class Prepared:
 
     @property
     def session(self) -> np.ndarray:
-        """Conversation ids as int codes in arrival order (-1 unknown); built on first use."""
+        """Conversation ids as int codes in arrival order (-1 unknown); built on first use
+        (inferred from prompt prefix chains where no request names its conversation)."""
         if self._session is None:
-            self._session = self.cap.requests.codes("session_id")[0][self._order]
+            if "turn" not in self.col:
+                self.column("turn")
+            else:
+                self._session = self.cap.requests.codes("session_id")[0][self._order]
         return self._session
 
     @property
@@ -221,6 +234,13 @@ class Prepared:
         col = self.col.get(name)
         if col is None and name == "achievable_cached_tokens":  # costly: only when a rule asks
             col = self.col[name] = self._achievable_cached(self.cap.requests, self._order)
+        if col is None and name == "turn":  # no turns recorded: from the prefix chains, on first use
+            from .conversations import infer_conversations
+
+            session, turn = infer_conversations(self.cap.requests, self._order)
+            self._session, col = session, turn
+            self.col["turn"] = turn
+            self.turns_inferred = bool((session >= 0).any())
         if col is None:
             raise KeyError(name)
         return col

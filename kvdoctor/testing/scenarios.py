@@ -114,7 +114,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (Phase(lambda: _fixed(_mix(loadgen.long_prompts(20, tokens=250, max_tokens=32),
                                         loadgen.long_prompts(20, tokens=700, max_tokens=32, seed=3), every=1)),
                     concurrency=4),),
-             expect="kv-oom", n_ctx=2048, parallel=4, vllm=VLLM_TINY_KV),
+             expect="error-burst", n_ctx=2048, parallel=4, vllm=VLLM_TINY_KV),
     Scenario("healthy-again", "the healthy scenario run a second time: compare must find no significant change",
              (Phase(lambda: _fixed(loadgen.short_prompts(40, max_tokens=24)), concurrency=2, arrival_rate_per_s=1.5),),
              expect=None, n_ctx=4096, parallel=2),
@@ -159,6 +159,24 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (Phase(lambda: _fixed(loadgen.shared_prefix(24, 1200, cache_prompt=False)), concurrency=1),),
              expect="prefix-cache-ineffective", n_ctx=4096, parallel=1, vllm={**VLLM_MAIN, "prefix_caching": False}),
 )}
+
+
+# issue 31: harm, not shapes. A healthy server with mixed prompt sizes (TTFT grows with prompt
+# length, as it always does) must page nobody; a ramp from one user to twelve on four slots must
+# page from where the queue formed (the second phase), not from the capture's first second
+SCENARIOS.update({s.name: s for s in (
+    Scenario("healthy-mixed", "two light users with think time, prompts of 10-440 tokens: TTFT grows with the "
+             "prompt, nobody waits: no incident (prefill-bound at most an observation)",
+             (Phase(lambda: _fixed(_mix(loadgen.short_prompts(24, max_tokens=24, seed=31),
+                                        _long_range(12, 100, 440, max_tokens=24), every=2)),
+                    concurrency=2, arrival_rate_per_s=0.8),),
+             expect=None, n_ctx=4096, parallel=2, vllm=VLLM_MAIN),
+    Scenario("ramp", "one user for ~40 s, then twelve at once on four slots: the queue forms at the second phase",
+             (Phase(lambda: _fixed(loadgen.short_prompts(20, max_tokens=32, seed=32)), concurrency=1,
+                    arrival_rate_per_s=0.5),
+              Phase(lambda: _fixed(loadgen.short_prompts(84, max_tokens=48, seed=33)), concurrency=12)),
+             expect="queueing-saturation", n_ctx=4 * 2048, parallel=4, vllm=VLLM_MAIN),
+)})
 
 
 # scenarios written for vLLM's paged KV cache and scheduler (they run on llama.cpp too)

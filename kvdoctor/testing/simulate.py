@@ -31,6 +31,10 @@ class ServerModel:
     block_tokens: int = 64
     stall_prob: float = 0.0
     stall_s: float = 0.0
+    #: KV tokens the whole cache holds; a request whose prompt + output would not fit beside the
+    #: sequences already running fails when admitted, as an engine without preemption does
+    #: (llama.cpp "failed to find free space in the KV cache"). None: unbounded
+    kv_tokens: int | None = None
     seed: int = 0
 
 
@@ -50,6 +54,7 @@ def simulate(wl: Workload, m: ServerModel, t0: float = 1_767_000_000.0, server: 
     heapq.heapify(slot_free)
     prefill_free = t0
     seen_blocks: set[int] = set()
+    live: list[tuple[float, int]] = []  # (finish, KV tokens) of admitted sequences, for kv_tokens
     out = []
     for i in np.argsort(wl.arrival_s, kind="stable"):
         arrival = t0 + float(wl.arrival_s[i])
@@ -64,6 +69,13 @@ def simulate(wl: Workload, m: ServerModel, t0: float = 1_767_000_000.0, server: 
             continue
         free_at = heapq.heappop(slot_free)
         start = max(arrival, free_at)
+        if m.kv_tokens is not None:
+            live = [(f, n) for f, n in live if f > start]  # sequences still holding KV at admission
+            if sum(n for _, n in live) + prompt + want > m.kv_tokens:
+                heapq.heappush(slot_free, free_at)
+                out.append(RequestRecord(**common, finish_s=start + 0.01, e2e_s=start + 0.01 - arrival, status="error",
+                                         http_status=500, error="failed to find free space in the KV cache"))
+                continue
         cached = 0
         if blocks:
             lead = 0
@@ -85,6 +97,8 @@ def simulate(wl: Workload, m: ServerModel, t0: float = 1_767_000_000.0, server: 
             tpot += m.stall_s / max(want - 1, 1)
         finish = pf_end + tpot * max(want - 1, 0)
         heapq.heappush(slot_free, finish)
+        if m.kv_tokens is not None:
+            live.append((finish, prompt + want))
         out.append(RequestRecord(**common, first_token_s=pf_end, finish_s=finish, queue_s=start - arrival,
                                  ttft_s=pf_end - arrival, e2e_s=finish - arrival, tpot_s=tpot, output_tokens=want,
                                  cached_prompt_tokens=cached if blocks else None, status="ok"))

@@ -146,6 +146,17 @@ def context_overflow():
     write("context-overflow", recs, meta(max_running_requests=8, context_len_tokens=2048))
 
 
+def kv_oom():
+    """Long sequences at high concurrency against a KV cache that holds ~4 of them: admissions
+    that do not fit fail (an engine without preemption), from the cache's capacity alone."""
+    rng = np.random.default_rng(11)
+    n = 200
+    prompt = rng.integers(800, 2400, n)
+    wl = Workload(poisson(rng, n, 3.0), prompt, rng.integers(200, 500, n))
+    recs = simulate(wl, ServerModel(slots=8, kv_tokens=8192, prefill_s_per_token=0.00005, seed=11), T0)
+    write("kv-oom", recs, meta(max_running_requests=8, context_len_tokens=4096, kv_capacity_tokens=8192))
+
+
 def quantised_kv_repetition(rng, context_tokens: np.ndarray, bits: int, logit_gap: float = 0.3) -> np.ndarray:
     """Share of repeated n-grams in outputs from a KV cache stored in `bits` bits. A uniform
     quantiser's error (step / sqrt(12), step = 2 / 2^bits of a unit range) perturbs attention;
@@ -254,7 +265,7 @@ def leak():
 
 
 if __name__ == "__main__":
-    for make in (healthy, long_prompts, concurrency, multi_turn, context_overflow, kv_quant, tail,
+    for make in (healthy, long_prompts, concurrency, multi_turn, context_overflow, kv_oom, kv_quant, tail,
                  lambda: prefix(True), lambda: prefix(False), preemption, queueing, fragmentation, leak):
         make()
 

@@ -23,7 +23,7 @@ from ...signals import Prepared
 from .catalog import BUILDERS, build_charts
 from .chart import DEFAULT_SLO, Chart, Timebase, readings, slo_line, slo_to_draw, time_buckets, timebase, whole
 from .memory import memory_chart
-from .numbers import error_messages, key_numbers
+from .numbers import error_messages
 from .placement import SYMPTOM_CHARTS, charts_for, placement
 from .reduce import (MAX_BUCKETS, MAX_POINTS, MAX_SERIES_POINTS, MIN_FOR_PERCENTILE, MIN_PER_BUCKET, bucket_index,
                      bucket_percentiles, bucket_width, downsample_series, stratified_sample)
@@ -37,7 +37,7 @@ __all__ = [
     "MIN_PER_BUCKET", "PCT_COLOR", "SEVERITY_COLOR", "SEVERITY_FILL", "SLO_COLOR", "SYMPTOM_CHARTS", "TEMPLATE", "Chart",
     "Prepared", "Timebase", "bandwidth_chart", "base_layout", "bucket_index", "bucket_percentiles", "bucket_width",
     "build_charts", "charts_for", "concurrency_chart", "downsample_series", "error_messages", "errors_chart", "esc",
-    "key_numbers", "lat_unit", "latency_chart", "memory_chart", "placement", "prefix_cache_chart", "prompt_length_chart",
+    "lat_unit", "latency_chart", "memory_chart", "placement", "prefix_cache_chart", "prompt_length_chart",
     "readings", "slo_line", "slo_to_draw", "stratified_sample", "time_buckets", "timebase", "ttft_prompt_chart",
     "turns_chart", "whole",
 ]

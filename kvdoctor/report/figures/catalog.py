@@ -24,5 +24,5 @@ BUILDERS = {
 
 def build_charts(diag: Diagnosis, prep: Prepared | None = None) -> dict[str, Chart]:
     """Every chart, in BUILDERS order, present or with a note saying why not."""
-    prep = prep or diag.prepared or Prepared(diag.capture, diag.options.slo)
+    prep = prep or diag.prepared or Prepared(diag.capture, diag.options.targets, diag.options.stated)
     return {key: fn(diag, prep) for key, fn in BUILDERS.items()}

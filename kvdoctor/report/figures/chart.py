@@ -13,17 +13,12 @@ from ...diagnosis import Diagnosis
 from ...signals import Prepared
 from ...units import fmt
 from .reduce import bucket_width
+from ...objectives import DEFAULT_WORKLOAD, WORKLOADS
 from .style import SEVERITY_COLOR, SEVERITY_FILL, SLO_COLOR, esc
 
-#: SLOs drawn on the charts when the user gave none (``--slo`` overrides each); the Grafana
-#: dashboards in dashboards/ use the same numbers as thresholds. Drawing only: diagnosis uses
-#: the SLOs given on the command line, never these.
-DEFAULT_SLO: dict[str, float] = {
-    "ttft_p99_s": 2.0,
-    "tpot_p99_s": 0.1,
-    "itl_p99_s": 0.2,
-    "error_rate": 0.01,
-}
+#: the default objectives (the chat workload's, kvdoctor/objectives.py): the Grafana dashboards in
+#: dashboards/ draw them as thresholds; the report draws the objectives its diagnosis judged
+DEFAULT_SLO: dict[str, float] = dict(WORKLOADS[DEFAULT_WORKLOAD])
 
 
 @dataclass
@@ -100,9 +95,10 @@ def time_axes(fig: go.Figure, tb: Timebase) -> None:
 
 
 def slo_to_draw(diag: Diagnosis) -> tuple[dict[str, float], set[str]]:
-    """The SLOs to draw, and which of them the user gave (the rest are report defaults)."""
-    given = dict(diag.options.slo)
-    return {**DEFAULT_SLO, **given}, set(given)
+    """The objectives to draw (those the diagnosis judged), and which of them the user gave (the
+    rest are the workload's defaults)."""
+    objs = diag.options.objectives or ()
+    return {o.signal: o.target for o in objs}, {o.signal for o in objs if o.stated}
 
 
 def whole(prep: Prepared, diag: Diagnosis):

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from ...diagnosis import Diagnosis
 from ...signals import Prepared
-from ...signals.registry import fit
+from ...signals.registry import FIT_MIN_X_SPREAD_FRAC, fit
 from ...units import duration_text, fmt
 from .chart import Chart, readings, time_buckets, whole
 from .reduce import MAX_POINTS, MIN_FOR_PERCENTILE, binned_median, bucket_index, bucket_percentiles, f32, stratified_sample
@@ -32,6 +32,17 @@ def scatter_with_median(x: np.ndarray, y: np.ndarray, m: np.ndarray, max_points:
     return fig, scale, unit, len(idx)
 
 
+#: a fit is drawn only where the rank correlation is clear of chance: |rho| * sqrt(n - 1) >= 3
+#: (Spearman's rho is ~normal with sd 1/sqrt(n - 1) under no relation; 3 is ~1 in 700)
+FIT_MIN_Z = 3.0
+
+
+def fit_supported(corr: float, n: int) -> bool:
+    """Whether a fitted slope says anything: the x range wide enough to fit (fit() gave a number)
+    and a rank correlation that chance would rarely give over ``n`` pairs."""
+    return math.isfinite(corr) and n > 1 and abs(corr) * math.sqrt(n - 1) >= FIT_MIN_Z
+
+
 def ttft_prompt_chart(diag: Diagnosis, prep: Prepared, max_points: int = MAX_POINTS) -> Chart:
     """TTFT against prompt length: a stratified sample as WebGL points, the fitted line, and
     the median TTFT per prompt-length bin."""
@@ -45,9 +56,13 @@ def ttft_prompt_chart(diag: Diagnosis, prep: Prepared, max_points: int = MAX_POI
         return Chart("ttft-prompt", title, None,
                      notes=[f"every prompt has the same length ({p[m][0]:,.0f} tokens), so TTFT cannot vary with it"])
     fig, scale, unit, drawn = scatter_with_median(p, ttft, m, max_points, COLORS[0], "%{x:,.0f} tokens")
-    slope, corr, _ = fit(p, ttft)
+    slope, corr, n = fit(p, ttft, min_spread_frac=FIT_MIN_X_SPREAD_FRAC)
     cap = f"{int(m.sum()):,} requests" + (f" ({drawn:,} drawn, stratified by prompt length)" if drawn < m.sum() else "")
-    if math.isfinite(slope):
+    lo, hi = float(np.min(p[m])), float(np.max(p[m]))
+    if not fit_supported(corr, n):  # a slope through no relation (or a narrow range) means nothing
+        cap += (f"; no relation between prompt length and TTFT here (prompts of {lo:,.0f}-{hi:,.0f} tokens"
+                + (f", rank correlation {corr:.2f}" if math.isfinite(corr) else ", too narrow a range to fit") + ")")
+    elif math.isfinite(slope):
         intercept = float(np.mean(ttft[m]) - slope * np.mean(p[m]))
         x0, x1 = float(np.min(p[m])), float(np.max(p[m]))
         fig.add_trace(go.Scatter(x=[x0, x1], y=[(intercept + slope * x0) * scale, (intercept + slope * x1) * scale],

@@ -65,7 +65,7 @@ def turns_chart(diag: Diagnosis, prep: Prepared) -> Chart:
     """Per conversation turn: median and P90 TTFT and median TPOT (top), median prompt
     tokens, the context the KV cache must hold (bottom)."""
     title = "Latency and context vs conversation turn"
-    turn = prep.col["turn"]
+    turn = prep.column("turn")
     if np.isfinite(turn).sum() < 6 or np.nanmax(turn) < 2:
         return Chart("turns", title, None, notes=["no conversation turns in this capture"])
     # buckets for the turn numbers present, not 0..max: one request with turn=1e8 must not

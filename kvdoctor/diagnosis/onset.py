@@ -1,0 +1,135 @@
+"""When an incident started and ended, from its evidence, not from the evaluation grid.
+
+Rules are judged on rolling windows (5 minutes back, every minute): the first window where a rule
+holds says the harm is *in* that window, not when it began. The onset is read off a per-request
+series of the harm itself, in arrival order: for a TTFT incident, whether each request's TTFT was
+over the tightest TTFT objective or it waited beyond its own prefill by a noticeable second (the
+same harm signals/harm.py judges windows by); for decode, TPOT over the objective or a stream that
+froze for a second; for errors, whether it failed. Pettitt's test (Pettitt 1979, the rank-based
+change-point test) finds the split after which requests are most consistently hurt. A 0/1 series
+turns a ramp into a step where the requests start crossing the objective, so a backlog that builds
+slowly still gets the instant it began to hurt. The split is accepted only where the test is clear
+(p < 0.001) and it lies inside the window where the rule turned active; otherwise the incident
+starts where the windows say. The end is found the same way, a split after which requests are
+fine again, when the rule went quiet before the capture ended. Live (`attach`) and offline
+(`diagnose`) call the same function, so both report the same onset for the same data.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+
+from ..signals import Prepared
+from ..signals.registry import ranks
+
+if TYPE_CHECKING:
+    from .evaluate import Activation, Options
+
+#: the per-request column a symptom's onset is read from (errors: the failure indicator)
+SERIES = {"ttft": "ttft_s", "turn-growth": "ttft_s", "tpot": "tpot_s", "latency": "e2e_s", "errors": "is_error"}
+#: Pettitt's approximate p-value must be below this for a split to be an onset (~3.3 sigma)
+MAX_P = 1e-3
+#: the test runs on at most this many requests (evenly thinned): the split's place is then known
+#: to within n / MAX_POINTS requests, and the cost stops growing with traffic
+MAX_POINTS = 20_000
+MIN_POINTS = 10
+
+
+def pettitt(y: np.ndarray, direction: str = "up") -> tuple[int, float]:
+    """(k, p): the series splits after index k (y[:k+1] | y[k+1:]) where the later part is most
+    consistently higher ("up") or lower ("down"), and Pettitt's approximate p-value of that split.
+    U_k = 2 * sum(ranks[:k+1]) - (k+1)(n+1) is negative where the early values rank low."""
+    n = len(y)
+    if n < MIN_POINTS:
+        return -1, 1.0
+    r = ranks(y)
+    u = 2.0 * np.cumsum(r)[:-1] - np.arange(1, n) * (n + 1.0)
+    k = int(np.argmin(u) if direction == "up" else np.argmax(u))
+    big = abs(float(u[k]))
+    p = min(1.0, 2.0 * np.exp(-6.0 * big * big / (float(n) ** 3 + float(n) ** 2)))
+    return k, p
+
+
+def hurt(prep: Prepared, symptom: str, lo: int, hi: int) -> np.ndarray:
+    """Per request in [lo, hi) of the arrival order: 1 where it was hurt the way ``symptom`` is judged
+    (over the tightest objective of the symptom, or the baseline harm), 0 where not, NaN unknown."""
+    from ..signals.harm import NOTICEABLE_S, WAIT_OVER_WORK, request_waits
+
+    col = SERIES.get(symptom)
+    if col == "is_error":
+        return prep.is_error[lo:hi].astype(float)
+    v = prep.col[col][lo:hi]
+    kinds = {"ttft_s": ("ttft",), "tpot_s": ("tpot",), "e2e_s": ("e2e",)}[col]
+    targets = [t for sig, t in prep.slo.items() if sig.split("_")[0] in kinds and t > 0]
+    out = np.where(np.isfinite(v), 0.0, np.nan)
+    if targets:
+        out = np.where(v > min(targets), 1.0, out)
+    if col == "ttft_s":
+        wait, unloaded = request_waits(prep, lo, hi)
+        out = np.where((wait >= NOTICEABLE_S) & (wait >= WAIT_OVER_WORK * unloaded), 1.0, out)
+    elif col == "tpot_s":
+        itl_max = prep.col["itl_max_s"][lo:hi]
+        out = np.where(itl_max >= NOTICEABLE_S, 1.0, out)
+    return out
+
+
+def _series(prep: Prepared, symptom: str, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival times, harm indicator) of the symptom's requests that arrived in [t0, t1]."""
+    col = SERIES.get(symptom)
+    if col is None or not prep.arrivals_known:
+        return np.array([]), np.array([])
+    lo, hi = int(np.searchsorted(prep.t, t0, side="left")), int(np.searchsorted(prep.t, t1, side="right"))
+    t = prep.t[lo:hi]
+    y = hurt(prep, symptom, lo, hi)
+    m = np.isfinite(t) & np.isfinite(y)
+    t, y = t[m], y[m]
+    if len(t) > MAX_POINTS:
+        idx = np.linspace(0, len(t) - 1, MAX_POINTS).astype(np.int64)
+        t, y = t[idx], y[idx]
+    return t, y
+
+
+def change_point(prep: Prepared, symptom: str, t0: float, t1: float, direction: str = "up") -> float | None:
+    """The instant in [t0, t1] after which the symptom's series is clearly higher ("up") or lower
+    ("down"): the arrival of the first request after Pettitt's split; None when there is none."""
+    t, y = _series(prep, symptom, t0, t1)
+    if not len(y) or y.min() == y.max():  # all hurt or none: no change inside
+        return None
+    k, p = pettitt(y, direction)
+    if k < 0 or p >= MAX_P:
+        return None
+    return float(t[k + 1])
+
+
+def refine_window(prep: Prepared, symptom: str, cluster: Iterable["Activation"], opt: "Options") -> tuple[float, float]:
+    """The incident's [start, end]: the evaluation windows' span, narrowed to where its symptom's
+    series changed (see the module docstring)."""
+    cluster = list(cluster)
+    start = min(a.start_s for a in cluster)
+    end = max(a.end_s for a in cluster)
+    first = min(cluster, key=lambda a: a.start_s)
+    # the first active window ends at the run's first evaluation and holds the onset; from the
+    # capture's start when the rule was active from the first evaluation on
+    first_eval = first.first_eval_s if np.isfinite(first.first_eval_s) else end
+    lo = max(prep.start_s, first_eval - max(opt.lookback_s, first_eval - start)) if np.isfinite(first.quiet_before_s) \
+        else prep.start_s
+    onset = change_point(prep, symptom, lo, end, "up")
+    if onset is not None and lo <= onset <= first_eval:
+        start = onset
+    # the end: where requests got faster again, when the rule went quiet before the capture ended
+    if end < prep.end_s - 1e-9:
+        drop = change_point(prep, symptom, start, min(end + opt.step_s, prep.end_s), "down")
+        if drop is not None and drop > start:
+            end = min(end, drop)
+    return start, max(end, start)
+
+
+def live_onset(prep: Prepared, symptom: str, held_from_s: float, now_s: float, lookback_s: float) -> float:
+    """The onset a live incident opening at ``now_s`` reports: the change point in the window
+    looked back over, where there is a clear one before its hold began; else the hold's start."""
+    lo = max(prep.start_s, now_s - lookback_s)
+    onset = change_point(prep, symptom, lo, now_s, "up")
+    if onset is not None and lo <= onset <= held_from_s:
+        return onset
+    return held_from_s
