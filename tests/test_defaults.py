@@ -242,3 +242,34 @@ def test_unreadable_values_are_left_to_the_defaults():
     assert eff["max_batched_tokens"][1].startswith("default")
     assert effective_config(None, None, {}) == {}
     assert effective_config(None, None, {"prefix_caching": True}) == {"prefix_caching": (True, "scraped")}
+
+
+def test_command_line_flags_read_per_engine():
+    from kvdoctor.engines.cmdline import config_from_cmdline
+
+    vllm = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--max-num-seqs", "4",
+            "--no-enable-chunked-prefill", "--max_num_batched_tokens=2048", "--api-key", "k", "--max-num-seqs", "8"]
+    assert config_from_cmdline("vllm", vllm) == {"max_running_requests": 8, "chunked_prefill": False,
+                                                 "max_batched_tokens": 2048}  # the last --max-num-seqs wins
+    lcpp = ["llama-server", "-m", "x.gguf", "-b", "128", "-ub", "128", "-ctk", "q8_0", "-np", "2",
+            "--no-cache-prompt", "-c", "4096", "--cache-reuse", "256", "-b"]
+    assert config_from_cmdline("llamacpp", lcpp) == {"max_batched_tokens": 128, "ubatch_tokens": 128,
+                                                     "cache_type_k": "q8_0", "max_running_requests": 2,
+                                                     "cache_prompt": False, "cache_reuse_tokens": 256}
+    assert config_from_cmdline("sglang", ["--chunked-prefill-size", "lots", "--disable-radix-cache"]) == \
+        {"prefix_caching": False}
+    assert config_from_cmdline(None, vllm) == {} and config_from_cmdline("vllm", None) == {}
+
+
+def test_command_line_fills_what_the_engine_does_not_report():
+    """Reported and declared values win; the command line comes next; defaults last."""
+    cfg = {"prefix_caching": True, "context_len_tokens": 2048,
+           "command_line": {"prefix_caching": False, "max_running_requests": 4, "chunked_prefill": False,
+                            "context_len_tokens": 2048}}
+    eff = effective_config("vllm", "0.32.0", cfg)
+    assert eff["prefix_caching"] == (True, "scraped")  # what the engine reports is what is in effect
+    assert eff["max_running_requests"] == (4, "command line") and eff["chunked_prefill"] == (False, "command line")
+    # chunked prefill off: vLLM's default token budget is at least the context length
+    assert eff["max_batched_tokens"][0] == 2048 and eff["max_batched_tokens"][1].startswith("default")
+    eff = effective_config("llamacpp", "b11434", {"command_line": {"cache_type_k": "q4_0", "cache_type_v": "q4_0"}})
+    assert eff["kv_cache_dtype"] == ("q4_0", "command line")

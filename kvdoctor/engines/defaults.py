@@ -333,10 +333,12 @@ def effective_config(engine: str | None, version: str | None, config: dict, *, d
     """Neutral setting -> (value, source) for every setting in :data:`SETTINGS` that is known.
 
     ``config`` is a capture's config (``meta.config``, config events merged): engine-reported
-    keys, and what the user declared with ``attach --engine-config`` (listed under
-    ``config["declared"]``). ``source`` is "scraped" (the engine reported it), "declared", or
-    "default for <engine> <version range>" followed by the row's qualifier and origin in
-    brackets; a setting neither reported nor with a known default is left out, and a default the
+    keys, what the user declared with ``attach --engine-config`` (listed again under
+    ``config["declared"]``), and the flags attach read from the server process's command line
+    (``config["command_line"]``, kvdoctor.engines.cmdline). ``source`` is "scraped" (the engine
+    reported it), "declared", "command line" (the server was started with that flag: used when
+    the engine reports nothing for the setting), or "default for <engine> <version range>"
+    followed by the row's qualifier and origin in brackets; a setting neither reported nor with a known default is left out, and a default the
     engine picks at start (from the model or the hardware) has the value None. ``device`` ("cpu" or a GPU
     name) and ``device_mem_bytes`` pick hardware-dependent defaults (vLLM's batch limits).
 
@@ -371,6 +373,15 @@ def effective_config(engine: str | None, version: str | None, config: dict, *, d
         kv = _kv_dtype_llamacpp(config)
         if kv is not None:
             out["kv_cache_dtype"] = kv, origin("cache_type_k" if "cache_type_k" in config else "cache_type_v")
+    cmdline = config.get("command_line") if isinstance(config.get("command_line"), dict) else {}
+    for setting in SETTINGS:
+        value = _typed(setting, cmdline.get(setting))
+        if setting not in out and value is not None:
+            out[setting] = value, "command line"
+    if name == "llamacpp" and "kv_cache_dtype" not in out:
+        kv = _kv_dtype_llamacpp(cmdline)
+        if kv is not None:
+            out["kv_cache_dtype"] = kv, "command line"
     if name == "sglang" and "max_batched_tokens" in out and out["max_batched_tokens"][0] <= 0:
         out.setdefault("chunked_prefill", (False, out["max_batched_tokens"][1]))
         del out["max_batched_tokens"]  # -1: chunking off, not a chunk size

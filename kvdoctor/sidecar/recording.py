@@ -35,6 +35,7 @@ class Recording:
     _stop: asyncio.Event
     _pool: concurrent.futures.ThreadPoolExecutor
     idle_gc: Any  # IdleCollector or None
+    identify: Any  # IdentifyCollector or None
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
@@ -65,6 +66,15 @@ class Recording:
             if record.kind in ("server-down", "server-up", "server-restart"):
                 self.metrics["kvdoctor_server_up"].set(0 if record.kind == "server-down" else 1)
                 log.warning("server event: %s %s", record.kind, record.detail.get("reason", ""))
+                if record.kind != "server-down" and self.identify is not None:
+                    self.identify.again()  # back or restarted: maybe another version or model
+            if record.kind == "identity":
+                d = record.detail
+                self.writer.update_meta(engine=d.get("engine") or self.writer.meta.engine,
+                                        engine_version=d.get("engine_version"), model=d.get("model"))
+                self._set_info(self.writer.meta.engine)
+                log.info("server identified: %s %s serving %s", d.get("engine"), d.get("engine_version") or "",
+                         d.get("model") or "an unnamed model")
             if record.kind == "config":
                 detail = {k: v for k, v in record.detail.items() if k != "engine"}
                 self.writer.update_meta(config={**self.writer.meta.config, **detail, **self.cfg.engine_config},
