@@ -271,3 +271,22 @@ def test_flags_the_engine_does_not_report_come_from_its_command_line():
     eff = effective_config("tgi", "3.3.6", cfg)
     assert eff["max_batched_tokens"] == (2048, "command line") and eff["kv_cache_dtype"] == ("fp8_e5m2", "command line")
     assert eff["context_len_tokens"] == (8192, "scraped")
+
+
+def test_a_server_still_loading_is_not_taken_for_identified():
+    """llama-server answers 503 "Loading model" everywhere while it loads (seen on b11434): the
+    metric names alone do not make an identity; the answer once loaded does."""
+    srv = StandIn({})
+    try:
+        c = IdentifyCollector(srv.url, hint=lambda: "llamacpp")
+        with pytest.raises(SourceUnavailable, match="llamacpp by its metric names, but no identity endpoint answered"):
+            c.collect(time.time())
+        srv.routes["/props"] = {"default_generation_settings": {"n_ctx": 1024}, "total_slots": 1,
+                                "model_alias": "m", "model_path": "/models/m.gguf"}  # no build_info: an older build
+        c.again()
+        [ident, _] = c.collect(time.time())
+        assert ident.detail["model"] == "m" and ident.detail["engine_version"] is None
+        # incomplete (no version): asked again soon, not in RECHECK_S
+        assert c._due - time.monotonic() <= RETRY_S + 0.1
+    finally:
+        srv.close()

@@ -63,7 +63,7 @@ class HostCollector:
         """The server process's arguments as of the last collect (None when unknown or not
         readable); read once per process. Callers keep only the flags they know."""
         proc = self._proc
-        if proc is None:
+        if proc is None or not self._alive(proc):  # gone: the next collect finds the new one
             return None
         cached = self._cmdline
         if cached is not None and cached[0] == proc.pid:

@@ -51,6 +51,8 @@ MAX_BODY_BYTES = 1 << 20
 RECHECK_S = 120.0
 #: while unknown, asked again after this, doubling up to RETRY_MAX_S
 RETRY_S, RETRY_MAX_S = 2.0, 20.0
+#: an identity without version or model is asked again this many times at the retry pace
+INCOMPLETE_TRIES = 4
 
 Reader = Callable[[Any], "dict[str, Any] | None"]
 
@@ -286,6 +288,9 @@ def identify(base_url: str, timeout_s: float = TIMEOUT_S, hint: str | None = Non
         via.append(probe.path)
         version, model = version or got.get("version"), model or got.get("model")
         config.update(got.get("config", {}))
+    if not via:  # only the metric names said it, and no endpoint answered (a server still loading: 503)
+        return Identity(None, reason=f"{engine} by its metric names, but no identity endpoint answered ("
+                        + ", ".join(ask.seen or ["nothing"]) + ")")
     if spec.model_from_listing and listed_model:
         model = listed_model
     return Identity(engine, version, model or listed_model, config, tuple(via))
@@ -312,6 +317,7 @@ class IdentifyCollector:
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.hint, self.get, self.cmdline = hint, get, cmdline
         self._argv_read = False  # the current process's command line read (again after a restart)
+        self._incomplete = 0  # answers in a row that lacked version or model
         self.identity: Identity | None = None  # the last one found (kept while the server is away)
         self.asked = 0
         self._due = 0.0  # monotonic time of the next question
@@ -325,6 +331,7 @@ class IdentifyCollector:
         self._due = 0.0
         self._retry_s = RETRY_S
         self._argv_read = False
+        self._incomplete = 0
 
     def collect(self, now_s: float) -> list[Any]:
         if time.monotonic() < self._due:
@@ -340,7 +347,12 @@ class IdentifyCollector:
             self._failure = found.reason + (f"; last identified: {known.engine} {known.version or ''}".rstrip()
                                             if known and known.engine else "")
             raise SourceUnavailable(self._failure)
-        self._due, self._retry_s, self._failure = time.monotonic() + RECHECK_S, RETRY_S, None
+        # an answer without version or model (a server still starting, an endpoint missing) is
+        # asked again soon, a few times, before the slow re-check
+        incomplete = (found.version is None or found.model is None) and self._incomplete < INCOMPLETE_TRIES
+        self._incomplete = self._incomplete + 1 if incomplete else 0
+        self._due = time.monotonic() + (self._retry_s if incomplete else RECHECK_S)
+        self._retry_s, self._failure = (min(self._retry_s * 2, RETRY_MAX_S) if incomplete else RETRY_S), None
         self.identity = found
         out: list[Any] = []
         key = (found.engine, found.version, found.model)

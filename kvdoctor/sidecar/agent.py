@@ -253,6 +253,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             self.live_worker.close()
             if self._render_pool is not None:
                 stop_pool(self._render_pool)
+            self.flush_meta()
             self.writer.close()
 
 
