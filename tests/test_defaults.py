@@ -273,3 +273,23 @@ def test_command_line_fills_what_the_engine_does_not_report():
     assert eff["max_batched_tokens"][0] == 2048 and eff["max_batched_tokens"][1].startswith("default")
     eff = effective_config("llamacpp", "b11434", {"command_line": {"cache_type_k": "q4_0", "cache_type_v": "q4_0"}})
     assert eff["kv_cache_dtype"] == ("q4_0", "command line")
+
+
+def test_docs_list_every_default_and_capability():
+    """docs/engines.md's table of defaults is written from the data; a row added or changed in
+    defaults.py without the docs fails here."""
+    doc = (ROOT / "docs" / "engines.md").read_text()
+    lines = [ln for ln in doc.splitlines() if ln.startswith("| ")]
+    for engine, rows in DEFAULTS.items():
+        label = ENGINE_LABEL[engine]
+        for r in rows:
+            value = ("set at start" if r.value is None else f"`{str(r.value).lower()}`" if isinstance(r.value, bool)
+                     else f'`"{r.value}"`' if isinstance(r.value, str) else f"`{r.value}`")
+            want = [f"| {label} | `{r.setting}` | {value}", r.source] + ([f"({r.tier})"] if r.tier else [])
+            assert any(all(w in ln for w in want) for ln in lines), f"docs/engines.md lacks {want}"
+    for engine, table in CAPABILITIES.items():
+        row = next((ln for ln in lines if ln.startswith(f"| {ENGINE_LABEL[engine]} | ") and "`" not in ln
+                    and ln.count("|") == len(FEATURES) + 2), None)
+        assert row is not None, engine
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        assert cells == [("yes: " + c.how if c.has else "no") for c in table.values()], engine

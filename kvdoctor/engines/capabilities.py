@@ -44,12 +44,12 @@ CAPABILITIES: dict[str, dict[str, Capability]] = {
         "cache_reuse_shift": Capability(False, "", "vllm 0.32.0: prefix blocks are reused at their own positions only"),
     },
     "sglang": {
-        "pd_disaggregation": Capability(True, "--disaggregation-mode prefill|decode",
+        "pd_disaggregation": Capability(True, "--disaggregation-mode prefill / decode",
                                         f"{_S}/disagg.py disaggregation_mode (absent in 0.4.0)"),
         "chunked_prefill": Capability(True, "--chunked-prefill-size", f"{_S}/schedule.py chunked_prefill_size"),
         "prefix_caching": Capability(True, "RadixAttention (--disable-radix-cache turns it off)",
                                      f"{_S}/memory.py disable_radix_cache"),
-        "kv_cache_quantization": Capability(True, "--kv-cache-dtype fp8_e4m3|fp8_e5m2", f"{_S}/model.py kv_cache_dtype"),
+        "kv_cache_quantization": Capability(True, "--kv-cache-dtype fp8_e4m3 / fp8_e5m2", f"{_S}/model.py kv_cache_dtype"),
         "cache_reuse_shift": Capability(False, "", "sglang 0.5.23: the radix tree matches prefixes at their positions"),
     },
     "tgi": {
@@ -57,7 +57,7 @@ CAPABILITIES: dict[str, dict[str, Capability]] = {
         "chunked_prefill": Capability(True, "on by default from 3.0.0 (flashinfer/flashdecoding attention)",
                                       f"{_T} server/text_generation_server/models/globals.py PREFILL_CHUNKING"),
         "prefix_caching": Capability(True, "on by default from 2.3.0 (PREFIX_CACHING)", f"{_T} launcher/src/main.rs"),
-        "kv_cache_quantization": Capability(True, "--kv-cache-dtype fp8_e4m3fn|fp8_e5m2",
+        "kv_cache_quantization": Capability(True, "--kv-cache-dtype fp8_e4m3fn / fp8_e5m2",
                                             f"{_T} launcher/src/main.rs KVCacheDtype"),
         "cache_reuse_shift": Capability(False, "", f"{_T}: prefix caching only"),
     },
@@ -66,7 +66,7 @@ CAPABILITIES: dict[str, dict[str, Capability]] = {
         "chunked_prefill": Capability(True, "always; chunk = -b/--batch-size", f"{_L} -b, -ub"),
         "prefix_caching": Capability(True, "per slot: cache_prompt (request), --cache-ram host cache",
                                      f"{_L} --cache-prompt, --cache-ram"),
-        "kv_cache_quantization": Capability(True, "-ctk/-ctv q8_0|q4_0|... (V needs -fa on)", f"{_L} -ctk, -ctv"),
+        "kv_cache_quantization": Capability(True, "-ctk / -ctv q8_0, q4_0, ... (V needs -fa on)", f"{_L} -ctk, -ctv"),
         "cache_reuse_shift": Capability(True, "--cache-reuse N", f"{_L} --cache-reuse"),
     },
     "trtllm": {

@@ -79,7 +79,7 @@ VLLM: tuple[Default, ...] = (
     Default("max_batched_tokens", 2048, f"{_VLLM_BATCH} (CPU branch)", since="0.32.0", tier="cpu",
             note="per tensor x pipeline parallel rank"),
     Default("max_running_requests", 256, _VLLM_BATCH, since="0.32.0", tier="gpu", note="GPUs under 70 GiB and A100"),
-    Default("max_running_requests", 1024, _VLLM_BATCH, since="0.32.0", tier="gpu-70g", note="GPUs of 70 GiB and more but A100"),
+    Default("max_running_requests", 1024, _VLLM_BATCH, since="0.32.0", tier="gpu-70g", note="GPUs of 70-160 GiB but A100"),
     Default("max_running_requests", 1024, _VLLM_BATCH, since="0.32.0", tier="gpu-160g", note="GPUs of 160 GiB and more"),
     Default("max_running_requests", 128, f"{_VLLM_BATCH} (CPU branch)", since="0.32.0", tier="cpu",
             note="per tensor x pipeline parallel rank"),
