@@ -338,9 +338,10 @@ def effective_config(engine: str | None, version: str | None, config: dict, *, d
     (``config["command_line"]``, kvdoctor.engines.cmdline). ``source`` is "scraped" (the engine
     reported it), "declared", "command line" (the server was started with that flag: used when
     the engine reports nothing for the setting), or "default for <engine> <version range>"
-    followed by the row's qualifier and origin in brackets; a setting neither reported nor with a known default is left out, and a default the
-    engine picks at start (from the model or the hardware) has the value None. ``device`` ("cpu" or a GPU
-    name) and ``device_mem_bytes`` pick hardware-dependent defaults (vLLM's batch limits).
+    followed by the row's qualifier and origin in brackets. A setting neither reported nor with
+    a known default is left out; a default the engine picks at start (from the model or the
+    hardware) has the value None. ``device`` ("cpu" or a GPU name) and ``device_mem_bytes``
+    pick hardware-dependent defaults (vLLM's batch limits).
 
     Some values follow from others: SGLang ``chunked_prefill_size`` -1 means chunked prefill off
     (and no chunk), a positive one on; vLLM with chunked prefill off batches at least a whole
