@@ -138,6 +138,9 @@ class CaptureMeta:
     #: "unix" when instants are epoch seconds, "relative" otherwise
     clock: str = "unix"
     engine: str | None = None
+    #: the engine's own version string (vLLM "0.32.0", llama.cpp "b11434", ...), as the server reported it
+    engine_version: str | None = None
+    #: the served model's name as clients ask for it (vLLM/SGLang served name, llama.cpp alias or file name)
     model: str | None = None
     gpu: str | None = None
     server: str | None = None

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 import kvdoctor
+from kvdoctor.engines import effective_config
 from kvdoctor.testing import loadgen
 from kvdoctor.testing.llama_server import LlamaServer, free_port
 from kvdoctor.testing.scenarios import _wait_port
@@ -125,6 +126,23 @@ def test_capture_matches_client_and_endpoints_serve(server, tmp_path, wait_for):
     assert len(c.engine.time_s) >= 2 and c.meta.engine == "llamacpp"
     assert c.meta.config.get("max_running_requests") == 2
     assert "prompt_text" not in (cap / "requests-000001.jsonl").read_text()
+    # identified by the server itself: /v1/models owned_by "llamacpp", /props build_info and model
+    assert c.meta.engine_version == _build(server) and c.meta.model == server.model.name
+    assert c.meta.sources["identify"].ok
+    [ident] = [e for e in c.events if e["kind"] == "identity"]
+    assert ident["detail"]["via"] == ["/v1/models", "/props"]
+    # the process's flags, read from its command line (-c 2048 --parallel 2: no batch flags given)
+    eff = effective_config(c.meta.engine, c.meta.engine_version, c.meta.config)
+    assert eff["max_running_requests"] == (2, "scraped") and eff["context_len_tokens"] == (1024, "scraped")
+    assert eff["max_batched_tokens"][0] == 2048 and eff["max_batched_tokens"][1].startswith("default for llama.cpp")
+
+
+def _build(server) -> str:
+    """The build as the binary itself says it ("version: ... (build 11434, commit ...)")."""
+    import re
+
+    out = subprocess.run([str(server.binary), "--version"], capture_output=True, text=True, timeout=60)
+    return "b" + re.search(r"build (\d+)", out.stdout + out.stderr)[1]
 
 
 def test_sigkill_leaves_a_readable_capture(server, tmp_path, wait_for):
@@ -168,18 +186,26 @@ def test_incident_reaches_webhook_and_otlp(server, tmp_path):
 
 
 def test_server_restart_is_survived(tmp_path, wait_for):
+    """...and the server is identified again after it: restarted under another name (--alias)
+    and with another batch size, the capture ends with the new model name and flags."""
     def scrape_ok(ok):
         return lambda: json.loads(_get(f"{api}/healthz")[1])["sources"]["scrape"]["ok"] is ok
 
-    with LlamaServer(n_ctx=1024, parallel=1) as srv:
+    def identities():
+        return [e["detail"] for e in kvdoctor.load(cap).events if e["kind"] == "identity"]
+
+    with LlamaServer(["-b", "512"], n_ctx=1024, parallel=1) as srv:
         proc, cap, api, _ = _attach(srv, tmp_path, proxy=False)
         try:
             wait_for(scrape_ok(True), what="the first scrape")
+            wait_for(lambda: len(identities()) == 1, what="the server identified")
             srv.stop()
             wait_for(scrape_ok(False), what="the scrape to see the server gone")
             assert proc.poll() is None, "kvdoctor must not exit when the server goes away"
+            srv.extra_args = ["-b", "256", "--alias", "renamed"]
             srv.start()
             wait_for(scrape_ok(True), what="scraping to resume after the restart")
+            wait_for(lambda: identities()[-1]["model"] == "renamed", what="the server identified again after the restart")
             time.sleep(2.5)  # a few more scrapes after the restart
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -189,6 +215,13 @@ def test_server_restart_is_survived(tmp_path, wait_for):
     assert "server-down" in kinds and "server-up" in kinds
     down = next(e["time_s"] for e in c.events if e["kind"] == "server-down")
     assert (c.engine.time_s > down).sum() >= 2, "scraping resumes after the restart"
+    first, again = identities()  # one each side of the restart, both complete
+    assert first["model"] == srv.model.name and again["model"] == "renamed" == c.meta.model
+    assert first["engine"] == again["engine"] == c.meta.engine == "llamacpp"
+    assert first["engine_version"] == again["engine_version"] == c.meta.engine_version is not None
+    # the new process's -b, from its command line (llama.cpp's /props does not report it)
+    eff = effective_config(c.meta.engine, c.meta.engine_version, c.meta.config)
+    assert eff["max_batched_tokens"] == (256, "command line")
 
 
 def test_readme_attach_block_runs_as_written(server, tmp_path, wait_for):

@@ -37,6 +37,24 @@ def test_round_trip_and_derivation(tmp_path):
     assert cap.events[0]["kind"] == "server-restart"
 
 
+def test_engine_identity_round_trips_through_meta(tmp_path):
+    """engine, engine_version and model: written at start, changed later (as attach does once the
+    server is identified), read back; a capture written before engine_version existed reads as None."""
+    with CaptureWriter(tmp_path / "c", CaptureMeta(origin="attach")) as w:
+        w.write(RequestRecord(request_id="a", arrival_s=1.0, ttft_s=0.1))
+        w.update_meta(engine="vllm", engine_version="0.32.0", model="smollm2")
+    meta = kvdoctor.load(tmp_path / "c").meta
+    assert (meta.engine, meta.engine_version, meta.model) == ("vllm", "0.32.0", "smollm2")
+    raw = json.loads((tmp_path / "c" / "meta.json").read_text())
+    del raw["engine_version"]
+    (tmp_path / "c" / "meta.json").write_text(json.dumps(raw))
+    assert kvdoctor.load(tmp_path / "c").meta.engine_version is None
+    raw["engine_version"] = 32
+    (tmp_path / "c" / "meta.json").write_text(json.dumps(raw))
+    with pytest.raises(InputError, match="field engine_version: expected str, got int"):
+        kvdoctor.load(tmp_path / "c")
+
+
 def test_every_record_field_is_read_as_written(tmp_path):
     """The reader's columns are derived from the record dataclasses (declared once): every
     field but the opt-in text comes back, GpuSample.uuid and HostSample.host_cpu_count included."""

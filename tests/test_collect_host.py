@@ -105,6 +105,8 @@ def test_finds_server_by_port_and_measures_tree(server):
     assert first.server_pid == srv.proc.pid
     assert first.server_cpu_cores is None  # no baseline yet
     assert c.server_pids() == {srv.proc.pid, srv.child_pid}
+    # the server's arguments, for the engine flags identify reads (kvdoctor.engines.cmdline)
+    assert c.server_cmdline() == [sys.executable, "-c", SERVER, str(port)]
     time.sleep(1.0)
     [s] = c.collect(11.0)
     expected = (tree_cpu_s(srv) - cpu0) / (time.monotonic() - t0)  # the busy child's share of a core
@@ -164,6 +166,10 @@ def test_port_scan_fallback_when_net_connections_is_denied(server):
     fake.net_connections = denied
     c = HostCollector(port=port, psutil_mod=fake)
     assert c.collect(1.0)[0].server_pid == servers[0].proc.pid
+
+
+def test_no_command_line_before_the_server_is_found():
+    assert HostCollector(port=free_port()).server_cmdline() is None
 
 
 def test_nothing_on_port():

@@ -28,7 +28,7 @@ import pytest
 import kvdoctor
 from conftest import cause_tops, causes_fired, pages
 from kvdoctor.diagnosis import diagnose, load_rules
-from kvdoctor.engines import parse_scrape
+from kvdoctor.engines import effective_config, parse_scrape
 from kvdoctor.engines.promtext import _key, parse_families
 from kvdoctor.engines.vllm import IGNORED, TABLE
 from kvdoctor.signals.host import contended
@@ -36,7 +36,7 @@ from kvdoctor.signals.registry import fit, trend_z
 from kvdoctor.testing import loadgen
 from kvdoctor.testing import scenarios as S
 from kvdoctor.testing.llama_server import free_port
-from kvdoctor.testing.vllm_server import VllmServer
+from kvdoctor.testing.vllm_server import SERVED_NAMES, VLLM_VERSION, VllmServer
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -309,6 +309,18 @@ class TestMainServer:
             assert t.status == "ok" and t.request_id in ids and f"chatcmpl-{t.request_id}" in ids, (t, output)
         assert cap.meta.config.get("kv_capacity_tokens") == main.kv_capacity_tokens_logged()
         assert cap.meta.config.get("context_len_tokens") == S.VLLM_MAIN["max_model_len"]  # from /v1/models
+        # identified by vLLM itself: /v1/models (owned_by "vllm", the first served name), /version
+        assert (cap.meta.engine, cap.meta.engine_version, cap.meta.model) == ("vllm", VLLM_VERSION, SERVED_NAMES[0])
+        assert cap.meta.sources["identify"].ok
+        [ident] = [e["detail"] for e in cap.events if e["kind"] == "identity"]
+        assert ident["via"] == ["/v1/models", "/version"], ident
+        # the effective configuration: cache_config_info says prefix caching (scraped); vLLM reports
+        # no --max-num-seqs, attach read it from the server's command line
+        eff = effective_config(cap.meta.engine, cap.meta.engine_version, cap.meta.config)
+        assert eff["prefix_caching"] == (True, "scraped") and eff["kv_cache_dtype"] == ("auto", "scraped")
+        assert eff["context_len_tokens"] == (S.VLLM_MAIN["max_model_len"], "scraped")
+        assert eff["max_running_requests"] == (S.VLLM_MAIN["max_num_seqs"], "command line"), (eff, output)
+        assert eff["chunked_prefill"][1].startswith("default for vLLM >= 0.8.0")
 
     def test_metrics_page_maps_completely(self, main):
         status, body = main.get("/metrics")

@@ -55,7 +55,7 @@ def load_meta(folder: Path) -> CaptureMeta:
 
 
 _META_TYPES: dict[str, tuple[type, ...]] = {
-    "created_unix_s": (int, float), "clock": (str,), "engine": (str,), "model": (str,), "gpu": (str,),
+    "created_unix_s": (int, float), "clock": (str,), "engine": (str,), "engine_version": (str,), "model": (str,), "gpu": (str,),
     "server": (str,), "origin": (str,), "config": (dict,), "text_stored": (bool,), "tool_version": (str,),
     "attribution": (str,),
 }

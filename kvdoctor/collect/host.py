@@ -53,10 +53,27 @@ class HostCollector:
         self._tree: list[Any] = []  # the root and its descendants as last looked up
         self._tree_at = float("-inf")  # clock at that lookup; -inf: look up at the next collect
         self._prev_host: tuple[float, float] | None = None  # (busy s, total s) over all CPUs
+        self._cmdline: tuple[int, list[str]] | None = None  # (pid, argv) of the server process
 
     def server_pids(self) -> set[int]:
         """The server tree's pids as of the last collect (empty when unknown)."""
         return set(self._tree_pids)
+
+    def server_cmdline(self) -> list[str] | None:
+        """The server process's arguments as of the last collect (None when unknown or not
+        readable); read once per process. Callers keep only the flags they know."""
+        proc = self._proc
+        if proc is None or not self._alive(proc):  # gone: the next collect finds the new one
+            return None
+        cached = self._cmdline
+        if cached is not None and cached[0] == proc.pid:
+            return cached[1]
+        try:
+            argv = list(proc.cmdline())
+        except self._ps.Error:
+            return None
+        self._cmdline = (proc.pid, argv)
+        return argv
 
     def collect(self, now_s: float) -> list[Any]:
         ps = self._ps

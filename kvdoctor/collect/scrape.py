@@ -154,7 +154,9 @@ class ScrapeCollector:
             self._config_at = 0.0
         if config and any(self.config.get(k) != v for k, v in config.items()):
             self.config.update(config)
-            out.append(Event(time_s=now_s, kind="config", server=self.server, detail=dict(config)))
+            # the metric names say which engine this is (vllm:, sglang:, ...): the capture's meta records it
+            named = {"engine": engine} if engine and engine != "dcgm" else {}
+            out.append(Event(time_s=now_s, kind="config", server=self.server, detail={**config, **named}))
         out += self._config(now_s, force=False)
         out.append(sample)
         return out

@@ -9,6 +9,7 @@ llama.cpp has no latency histograms: per-response ``timings`` carry them instead
 """
 from __future__ import annotations
 
+import re
 from pathlib import PurePath
 from typing import Any
 
@@ -60,11 +61,31 @@ def llamacpp_config_from_props(props: dict[str, Any] | None, slots: list[dict[st
         total = len(slots)
     if total is not None:
         out["total_slots"] = out["parallel"] = out["max_running_requests"] = int(total)
-    model = props.get("model_alias") or None
-    if not model and props.get("model_path"):
-        model = PurePath(str(props["model_path"]).replace("\\", "/")).name
+    model = llamacpp_model_name(props)
     if model:
-        out["model"] = str(model)
+        out["model"] = model
     if slot_ctx:
         out["slot_n_ctx"] = [int(c) for c in slot_ctx]
     return out
+
+
+def llamacpp_model_name(props: dict[str, Any] | None) -> str | None:
+    """The served model's name from ``/props``: ``model_alias`` (``--alias``), unless it is the
+    model's path (what llama-server reports without ``--alias``), then the file's name: a
+    capture names the model, not the directory layout of the machine it was served from."""
+    props = props or {}
+    path = str(props.get("model_path") or "")
+    alias = str(props.get("model_alias") or "")
+    name = alias if alias and alias != path else path
+    return PurePath(name.replace("\\", "/")).name if name == path and path else (name or None)
+
+
+_BUILD = re.compile(r"\bb(\d+)\b")
+
+
+def llamacpp_version(props: dict[str, Any] | None) -> str | None:
+    """The build from ``/props`` ``build_info`` ("b11434-<commit>" -> "b11434"), None when absent
+    (older builds do not report it)."""
+    info = str((props or {}).get("build_info") or "")
+    m = _BUILD.search(info)
+    return f"b{m.group(1)}" if m else (info or None)

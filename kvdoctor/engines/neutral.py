@@ -149,6 +149,11 @@ CONFIG_KEYS: dict[str, str] = {
     "max_prefill_tokens": "most prompt tokens per prefill batch",
     "context_len_tokens": "context length per request",
     "sliding_window_tokens": "sliding attention window",
+    "chunked_prefill": "chunked prefill enabled",
+    "max_batched_tokens": "tokens per engine step (vLLM max-num-batched-tokens, SGLang chunked-prefill-size)",
+    "max_input_tokens": "longest prompt accepted (TGI)",
+    "declared": "what the user declared (attach --engine-config), key -> value, also merged into the config",
+    "command_line": "settings read from the server process's command line (engines/cmdline.py), setting -> value",
 }
 
 

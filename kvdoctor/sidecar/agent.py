@@ -89,6 +89,8 @@ class AttachConfig:
     #: garbage collection from a loop timer while no proxied request is in flight, not in the
     #: middle of one (kvdoctor.idle_gc; process-wide, so the CLI turns it on, not a library user)
     gc_between_requests: bool = False
+    #: ask the server which engine, version and model it is (kvdoctor.collect.identify)
+    identify: bool = True
 
 
 class Agent(Recording, LiveDiagnosis, ReportPage):
@@ -96,8 +98,10 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
 
     def __init__(self, cfg: AttachConfig):
         self.cfg = cfg
+        # what the user declared is also kept apart, so the effective configuration can say so
+        config = {**cfg.engine_config, "declared": dict(cfg.engine_config)} if cfg.engine_config else {}
         meta = CaptureMeta(created_unix_s=time.time(), server=cfg.server_url, origin="attach",
-                           config=dict(cfg.engine_config), text_stored=cfg.store_text, tool_version=__version__)
+                           config=config, text_stored=cfg.store_text, tool_version=__version__)
         # drop_on_error: a full or read-only disk costs records (counted), never the sidecar
         self.writer = QueuedWriter(
             CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes, drop_on_error=True),
@@ -131,6 +135,17 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         self._render_pool: concurrent.futures.ProcessPoolExecutor | None = None
         #: the garbage collections run between proxied requests (cfg.gc_between_requests), for /healthz
         self.idle_gc: Any = None
+        self.identify: Any = None
+        if cfg.identify:
+            from ..collect.identify import IdentifyCollector
+
+            scrapes = [c for c in cfg.collectors if getattr(c, "name", "") == "scrape"]
+            host = next((c for c in cfg.collectors if hasattr(c, "server_cmdline")), None)
+            # the engine the /metrics names say, as evidence when the model listing names none;
+            # the server process's flags (same host), for the settings the engine does not report
+            self.identify = IdentifyCollector(cfg.server_url, hint=lambda: next(
+                (c.engine for c in scrapes if getattr(c, "engine", None) not in (None, "dcgm")), None),
+                cmdline=host.server_cmdline if host is not None else None)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def _start_http(self) -> None:
@@ -206,7 +221,8 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
 
                 self.idle_gc = IdleCollector(busy=lambda: self._proxy_server is not None and self._proxy_server.busy)
                 self.idle_gc.start(loop)
-            tasks = [asyncio.create_task(self._poll(c)) for c in self.cfg.collectors]
+            polled = self.cfg.collectors + ([self.identify] if self.identify is not None else [])
+            tasks = [asyncio.create_task(self._poll(c)) for c in polled]
             tasks.append(asyncio.create_task(self._diagnose_loop()))
             if self.cfg.duration_s:
                 loop.call_later(self.cfg.duration_s, self.stop)
@@ -237,6 +253,7 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             self.live_worker.close()
             if self._render_pool is not None:
                 stop_pool(self._render_pool)
+            self.flush_meta()
             self.writer.close()
 
 

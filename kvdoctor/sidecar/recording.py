@@ -8,13 +8,13 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .. import __version__
 from ..capture.queued import QueuedWriter
 from ..capture.writer import kind_of
 from ..collect.base import PolledCollector, SourceUnavailable
-from ..model import EngineSample, Event, GpuSample, RequestRecord
+from ..model import CaptureMeta, EngineSample, Event, GpuSample, RequestRecord
 from .serve import Metrics
 
 log = logging.getLogger("kvdoctor.attach")
@@ -35,6 +35,8 @@ class Recording:
     _stop: asyncio.Event
     _pool: concurrent.futures.ThreadPoolExecutor
     idle_gc: Any  # IdleCollector or None
+    identify: Any  # IdentifyCollector or None
+    _meta_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
@@ -65,11 +67,40 @@ class Recording:
             if record.kind in ("server-down", "server-up", "server-restart"):
                 self.metrics["kvdoctor_server_up"].set(0 if record.kind == "server-down" else 1)
                 log.warning("server event: %s %s", record.kind, record.detail.get("reason", ""))
+                if record.kind != "server-down" and self.identify is not None:
+                    self.identify.again()  # back or restarted: maybe another version or model
+            if record.kind == "identity":
+                d = record.detail
+                self._meta_later(lambda m: dict(engine=d.get("engine") or m.engine,
+                                                engine_version=d.get("engine_version"), model=d.get("model")))
+                log.info("server identified: %s %s serving %s", d.get("engine"), d.get("engine_version") or "",
+                         d.get("model") or "an unnamed model")
             if record.kind == "config":
                 detail = {k: v for k, v in record.detail.items() if k != "engine"}
-                self.writer.update_meta(config={**self.writer.meta.config, **detail, **self.cfg.engine_config},
-                                        engine=record.detail.get("engine") or self.writer.meta.engine)
-                self._set_info(self.writer.meta.engine)
+                engine = record.detail.get("engine")
+                self._meta_later(lambda m: dict(config={**m.config, **detail, **self.cfg.engine_config},
+                                                engine=engine or m.engine))
+
+    def _meta_later(self, change: Callable[[CaptureMeta], dict[str, Any]]) -> None:
+        """Apply ``change(meta)`` to the capture's meta on a thread of its own, in arrival order:
+        writing meta.json (with its fsync, ms to tens of ms on a busy disk) stays off the event
+        loop the proxy relays on. :meth:`flush_meta` waits for what is pending."""
+        if self._meta_pool is None:
+            self._meta_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvdoctor-meta")
+        self._meta_pool.submit(self._apply_meta, change)
+
+    def _apply_meta(self, change: Callable[[CaptureMeta], dict[str, Any]]) -> None:
+        try:
+            meta = self.writer.update_meta(**change(self.writer.meta))
+            self._set_info(meta.engine)
+        except Exception as e:  # noqa: BLE001 - counted and logged like any recording error
+            self.collector_error("capture", e)
+
+    def flush_meta(self) -> None:
+        """Wait for the meta changes handed to :meth:`_meta_later` (at shutdown, before the capture closes)."""
+        pool, self._meta_pool = self._meta_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def collector_error(self, source: str, exc: BaseException) -> None:
         """An unexpected error in a source or in recording its records: counted (healthz, the
