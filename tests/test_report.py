@@ -320,7 +320,7 @@ def test_page_summary_links_each_incident_to_its_section():
     assert "Likely cause" in summary and "80%" in summary and "error-burst" in summary
     assert "failed requests <b>65</b>" in summary
     # context-size refusals: the first fix is the context a request may use (error_classes)
-    assert "First fix:" in summary and "Keep prompt + max_tokens within the context" in summary
+    assert "First fix for llama.cpp:" in summary and "Keep prompt + max_tokens within the context" in summary
     figs = _figures_json(page)
     for div_id in figs:
         assert div_id in p.ids

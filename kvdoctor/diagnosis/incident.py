@@ -13,6 +13,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from ..engines.labels import ENGINE_KNOB
 from ..numeric import json_number
 from ..objectives import Objective
 from ..signals import REGISTRY, Window
@@ -147,11 +148,12 @@ def incident_on(w: Window, symptom: str, start_s: float, end_s: float,
     ranked and their evidence, fixes and the impact read on ``w``; ``objectives`` broken on ``w``
     whose symptom is the incident's become its breaches."""
     causes = []
+    engine = ENGINE_KNOB.get((w.prep.meta.engine or "").lower())
     for rule, conf, title, *sev in fired:
-        in_effect = rule.fixes_in_effect(w.value, slo)
+        in_effect = rule.fixes_in_effect(w.value, slo, engine)
         measure = next((c.measure for c in rule.causes if c.title == title), "")
         causes.append(CauseFinding(rule, conf, title, {name: w.value(name) for name in rule.evidence},
-                                   rule.fixes_for(w.value, slo), sev[0] if sev else rule.severity, in_effect, measure))
+                                   rule.fixes_for(w.value, slo, engine), sev[0] if sev else rule.severity, in_effect, measure))
     # incidents first by how bad, then how sure: a harmful cause outranks an observation of the same symptom
     causes.sort(key=lambda c: (-(SEVERITY_RANK[c.effective_severity] >= 2), -c.confidence,
                                -SEVERITY_RANK[c.effective_severity], c.rule.id))

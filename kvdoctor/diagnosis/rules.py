@@ -45,11 +45,29 @@ class Fix:
     #: leave this fix out where the condition holds on the incident's window (e.g. "turn prefix
     #: caching on" where the evidence shows it on); unknown values keep the fix
     unless: C.Cond | None = None
-    #: the fix is already in effect on the recorded server where this holds (over the engine's
-    #: effective configuration: scraped, declared or the version's default, signals config_*):
-    #: it is then not advised but said to be on, with ``if_in_effect`` (what to look at instead)
-    in_effect: C.Cond | None = None
+    #: the fix is already in effect on the recorded server where its condition holds (over the
+    #: engine's effective configuration: reported, declared or the version's default, signals
+    #: config_*), by engine key ("any" for every engine without its own): it is then not advised
+    #: but said to be on, with ``if_in_effect`` (what to look at instead)
+    in_effect: dict[str, C.Cond] | None = None
     if_in_effect: str = ""
+    #: an engine feature the fix needs (kvdoctor/engines/capabilities.py FEATURES, e.g.
+    #: pd_disaggregation): engines known not to have it never see the fix
+    needs: str = ""
+
+    def possible_on(self, engine: str | None) -> bool:
+        """False only where the engine is known and known to lack what the fix needs."""
+        if not self.needs or not engine:
+            return True
+        from ..engines.capabilities import has_feature
+
+        return has_feature(engine, self.needs) is not False
+
+    def in_effect_on(self, engine: str | None) -> C.Cond | None:
+        """The in-effect condition for this engine (its own, else the one for any engine)."""
+        if not self.in_effect:
+            return None
+        return self.in_effect.get(engine or "", self.in_effect.get("any"))
 
 
 @dataclass(frozen=True)
@@ -115,7 +133,7 @@ class Rule:
     def signals(self) -> set[str]:
         out = set(self.when.signals()) | set(self.evidence)
         conds = [self.harm, self.critical_when, *(c.when for c in self.causes),
-                 *(f.unless for f in self.fixes), *(f.in_effect for f in self.fixes)]
+                 *(f.unless for f in self.fixes), *(c for f in self.fixes for c in (f.in_effect or {}).values())]
         for cond in conds:
             if cond is not None:
                 out |= cond.signals()
@@ -130,16 +148,23 @@ class Rule:
             return "critical"
         return self.severity
 
-    def fixes_in_effect(self, value: Callable[[str], float], slo: dict[str, float] | None = None) -> tuple[Fix, ...]:
-        """The fixes already in effect on the recorded server (their ``in_effect`` holds)."""
-        return tuple(f for f in self.fixes if f.in_effect is not None and C.evaluate(f.in_effect, value, slo or {}, self.params))
+    def fixes_in_effect(self, value: Callable[[str], float], slo: dict[str, float] | None = None,
+                        engine: str | None = None) -> tuple[Fix, ...]:
+        """The fixes already in effect on the recorded server (their ``in_effect`` holds for its engine)."""
+        out = []
+        for f in self.fixes:
+            cond = f.in_effect_on(engine)
+            if cond is not None and C.evaluate(cond, value, slo or {}, self.params):
+                out.append(f)
+        return tuple(out)
 
-    def fixes_for(self, value: Callable[[str], float], slo: dict[str, float] | None = None) -> tuple[Fix, ...]:
+    def fixes_for(self, value: Callable[[str], float], slo: dict[str, float] | None = None,
+                  engine: str | None = None) -> tuple[Fix, ...]:
         """The fixes that apply given these signal values, in order: those whose ``unless``
         holds are left out (all of them kept when every one would be), and those already in
         effect are never advised (:meth:`fixes_in_effect` lists them)."""
         slo = slo or {}
-        on = set(map(id, self.fixes_in_effect(value, slo)))
+        on = set(map(id, self.fixes_in_effect(value, slo, engine)))
         candidates = tuple(f for f in self.fixes if id(f) not in on)
         keep = tuple(f for f in candidates if f.unless is None or not C.evaluate(f.unless, value, slo, self.params))
         return keep or candidates
@@ -276,8 +301,8 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
         evidence=tuple(raw["evidence"]),
         fixes=tuple(Fix(f["title"], f.get("why", ""), dict(f["knobs"]),
                         cond(f["unless"], f"fixes[{i}].unless") if "unless" in f else None,
-                        cond(f["in_effect"], f"fixes[{i}].in_effect") if "in_effect" in f else None,
-                        f.get("if_in_effect", ""))
+                        _in_effect(f, i, cond),
+                        f.get("if_in_effect", ""), _needs(path, rule_id, f, i))
                     for i, f in enumerate(raw["fixes"])),
         harm=cond(raw["harm"], "harm") if "harm" in raw else None, kind=raw.get("kind", "cause"),
         critical_when=cond(raw["critical_when"], "critical_when") if "critical_when" in raw else None,
@@ -287,6 +312,30 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
         status=raw.get("status", "stable"), fleet_everywhere=fleet.get("on_every_replica", "shared"),
         fleet_outlier=outlier, charts=tuple(raw.get("charts", ())),
     )
+
+
+ENGINE_KEYS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "any")
+
+
+def _needs(path: Path, rule_id: str, fix: dict, i: int) -> str:
+    need = fix.get("needs", "")
+    if need:
+        from ..engines.capabilities import FEATURES
+
+        if need not in FEATURES:
+            raise _fail(path, rule_id, f"fixes[{i}].needs", f"unknown engine feature {need!r}; known: {', '.join(FEATURES)}")
+    return need
+
+
+def _in_effect(fix: dict, i: int, cond) -> dict | None:
+    """A fix's ``in_effect``: one condition for every engine, or a mapping engine key -> condition."""
+    spec = fix.get("in_effect")
+    if spec is None:
+        return None
+    where = f"fixes[{i}].in_effect"
+    if isinstance(spec, dict) and spec and set(spec) <= set(ENGINE_KEYS):
+        return {eng: cond(c, f"{where}.{eng}") for eng, c in spec.items()}
+    return {"any": cond(spec, where)}
 
 
 @lru_cache(maxsize=None)

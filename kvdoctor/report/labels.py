@@ -52,6 +52,10 @@ LABELS: dict[str, str] = {
     "ttft_slow_mode_over_prefill": "miss TTFT vs prefill cost",
     "prefix_reusable_request_frac": "requests with a reusable prefix", "misses_reusable": "misses could have hit",
     "arrivals_known": "send times known",
+    "config_prefix_caching": "prefix caching", "config_chunked_prefill": "chunked prefill",
+    "config_max_batched_tokens": "tokens per step", "config_ubatch_tokens": "physical batch (-ub)",
+    "config_max_running_requests": "concurrency limit (config)", "config_cache_reuse_tokens": "cache reuse (--cache-reuse)",
+    "config_cache_prompt": "cache_prompt default",
     # decode
     "tpot_concurrency_corr": "TPOT-concurrency rank correlation", "tpot_context_corr": "TPOT-context rank correlation",
     "tpot_context_slope_ms_per_1k_tokens": "TPOT per 1k context tokens", "decode_bw_bound_tpot_s": "bandwidth-bound TPOT",

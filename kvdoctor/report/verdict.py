@@ -23,7 +23,7 @@ def applicable(fixes, engine: str | None) -> list:
     unknown, every fix stays."""
     if not engine:
         return list(fixes)
-    return [f for f in fixes if engine in f.knobs or "any" in f.knobs]
+    return [f for f in fixes if (engine in f.knobs or "any" in f.knobs) and f.possible_on(engine)]
 
 
 def knob_lines(knobs: dict[str, str], engine: str | None, limit: int = 2) -> list[str]:

@@ -39,6 +39,9 @@ class Prepared:
     def __init__(self, cap: Capture, slo: dict[str, float] | None = None, stated: frozenset[str] | set[str] = frozenset()):
         self.cap = cap
         self.meta = cap.meta
+        #: per-capture results signals compute once (baselines, the effective configuration, ...):
+        #: one memo, keyed by what each module computes, instead of attributes hung on this object
+        self.memo: dict[str, Any] = {}
         #: the objectives judged: signal -> target (kvdoctor/objectives.py); ``stated``: those the
         #: user gave (--slo, an SLO file), the rest are the workload's defaults
         self.slo = dict(slo or {})
