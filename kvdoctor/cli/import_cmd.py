@@ -14,6 +14,7 @@ import click
 from .. import __version__, importers
 from ..errors import InputError
 from ..importers.base import write_capture
+from . import params as P
 
 #: record type -> (singular, plural), in the order the summary names them
 _KIND_LABELS = {"RequestRecord": ("request", "requests"), "EngineSample": ("engine sample", "engine samples"),
@@ -129,16 +130,24 @@ where the data came from, for any format. A SRC folder takes the format's usual 
 @click.command("import", help=HELP, short_help="Turn another tool's files into a capture.")
 @click.argument("fmt", metavar="FORMAT")
 @click.argument("src", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), metavar="CAPTURE",
-              help="Capture folder to create.")
+@click.option("-o", "--output", "out", required=True, type=P.OutputFolder(), metavar="CAPTURE",
+              help="Capture folder to create (not an existing file or a folder holding other files).")
 @click.option("--col", "cols", multiple=True, metavar="FIELD=COLUMN", help="csv: request field <- CSV column (repeat).")
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Format option (repeat).")
-@click.option("--model", default=None, help="Model name to record in the capture.")
-@click.option("--engine", default=None, help="Engine to record (vllm, sglang, trtllm, ...).")
-@click.option("--gpu", default=None, help="GPU the server ran on (e.g. A100-80GB): decode's bandwidth bound comes from it.")
+@click.option("--model", default=None, help="Model name to record in the capture (the KV and bandwidth rules size "
+              "from it; an SLO file's per-model objectives select by it).")
+@click.option("--engine", default=None, type=P.ENGINE,
+              help="Engine the server ran (vllm, sglang, tgi, llamacpp, trtllm): fixes name its flags; without it they "
+                   "list every engine's.")
+@click.option("--gpu", default=None, type=P.GPU,
+              help="GPU the server ran on (e.g. A100-80GB): decode's bandwidth bound comes from it.")
 @click.option("--force", is_flag=True, help="Replace an existing capture at CAPTURE.")
 def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], opts: tuple[str, ...],
             model: str | None, engine: str | None, gpu: str | None, force: bool) -> None:
+    out = Path(out)
+    if model is not None and (not model.strip() or len(model) > 256 or not model.isprintable()):
+        raise InputError(f"--model {model[:60]!r}: expected a model name such as Llama-3.1-8B (printable, at most 256 "
+                         "characters)")
     module = importers.get(fmt)
     options: dict[str, Any] = _pairs(opts, "--opt", "KEY=VALUE")
     attribution = options.pop("attribution", None)
@@ -188,6 +197,10 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if not meta.engine:
+        from ..capture.reader import ENGINE_UNKNOWN
+
+        imported.notes.append(ENGINE_UNKNOWN)
     for note in imported.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(_summary(counts, out))

@@ -2,25 +2,36 @@
 from __future__ import annotations
 
 import click
+import orjson
 
-from .diagnose import diagnosis_options, run_diagnosis
+from .common import finish, format_option, output_option, write_out
+from .diagnose import diagnosis_args, diagnosis_options, run_diagnosis
 
 
 @click.command("summary")
 @diagnosis_options
-def command(capture, since, until, rules_dirs, slo, sets, lookback, step, max_model_len):
+@format_option()
+@output_option
+def command(capture, fmt, output, fail_on, **kw):
     """The on-call text: what happened, when, impact, likely cause with evidence, first fix.
 
-    At most ~15 lines per incident, most severe first, readable on a phone.
+    At most ~15 lines per incident, most severe first, readable on a phone. --format json
+    prints the same JSON as `kvdoctor diagnose --format json`.
 
     \b
     Examples:
       kvdoctor summary samples/multi-turn
       kvdoctor summary cap/ --slo ttft_p99=2s | mail -s "TTFT incident" oncall@example.com
+      kvdoctor summary cap/ --since 2h --format markdown -o incident.md
     """
-    from ..report.summary import summary_text
+    from ..report.summary import markdown, summary_text
 
-    from .common import printable
-
-    click.echo(printable(summary_text(run_diagnosis(capture, since, until, rules_dirs, slo, sets, lookback, step,
-                                                    max_model_len))), nl=False)
+    diag = run_diagnosis(capture, **diagnosis_args(kw))
+    if fmt == "json":
+        text = orjson.dumps(diag.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
+    elif fmt == "markdown":
+        text = markdown(diag)
+    else:
+        text = summary_text(diag)
+    write_out(text, output)
+    finish([diag], fail_on)
