@@ -179,10 +179,62 @@ def _read_table(folder: Path, kind: str, warnings: list[str]) -> pa.Table:
                 table = pajson.read_json(pa.BufferReader(pa.py_buffer(cleaned)), read_options=ropts)
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e2:
                 raise InputError(f"{seg}: {str(e2).splitlines()[0]}") from None
-        tables.append(_conform(table, schema, seg))
+        if not _lists_valid(table):
+            table = _reread_lists(data, table, schema, ropts, seg)
+        tables.append(_bounded(_conform(table, schema, seg), seg, warnings))
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables)
+
+
+def _lists_valid(table: pa.Table) -> bool:
+    """Arrow's JSON reader (26.0) builds a corrupt list column when the first list it infers from
+    starts with null (``[null, 0.01]``): offsets past the values. Checked here, not trusted."""
+    for col in table.columns:
+        if pa.types.is_list(col.type):
+            try:
+                col.validate(full=True)
+            except pa.ArrowInvalid:
+                return False
+    return True
+
+
+def _reread_lists(data: bytes, table: pa.Table, schema: pa.Schema, ropts, seg: Path) -> pa.Table:
+    """The segment read again with the list fields' types given (Arrow then parses them right)."""
+    lists = pa.schema([f for f in schema if pa.types.is_list(f.type) and f.name in table.column_names])
+    popts = pajson.ParseOptions(explicit_schema=lists, unexpected_field_behavior="infer")
+    try:
+        return pajson.read_json(pa.BufferReader(pa.py_buffer(data)), read_options=ropts, parse_options=popts)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise InputError(f"{seg}: {str(e).splitlines()[0]}") from None
+
+
+#: instants a clock can hold: seconds within ±2.5e11 (year ~9900); a time beyond is no time (1e308
+#: ns from a hostile file) and every date formatting downstream would overflow on it
+MAX_TIME_S = 2.5e11
+#: durations (TTFT, E2E, ...) beyond ~32 years are no measurement either; with the bound above, an
+#: instant derived from one (arrival + e2e) still stays a date
+MAX_DURATION_S = 1e9
+_INSTANTS = ("arrival_s", "first_token_s", "finish_s", "time_s")
+
+
+def _bounded(table: pa.Table, seg: Path, warnings: list[str]) -> pa.Table:
+    """Instants and durations (``*_s`` numbers) beyond their bounds read as missing, with one
+    warning per field and segment."""
+    import pyarrow.compute as pc
+
+    for f in table.schema:
+        if not f.name.endswith("_s") or not pa.types.is_floating(f.type):
+            continue
+        limit, what = (MAX_TIME_S, "beyond year 9900") if f.name in _INSTANTS else (MAX_DURATION_S, "over 30 years")
+        col = table.column(f.name)
+        bad = pc.fill_null(pc.greater(pc.abs(col), limit), False)
+        n = pc.sum(bad).as_py() or 0
+        if n:
+            warnings.append(f"{seg}: field {f.name}: {n} value{'s' * (n != 1)} {what} read as missing")
+            table = table.set_column(table.schema.get_field_index(f.name), f.name,
+                                     pc.if_else(bad, pa.scalar(None, f.type), col))
+    return table
 
 
 def _read_dicts(folder: Path, kind: str, warnings: list[str]) -> list[dict[str, Any]]:
@@ -218,8 +270,8 @@ def _got(v: Any) -> str:
 
 
 def _common(rec: dict[str, Any]) -> str | None:
-    if not _is_num(rec.get("time_s")):
-        return f"field time_s: expected a number of seconds, got {_got(rec.get('time_s'))}"
+    if not _is_num(rec.get("time_s")) or abs(rec["time_s"]) > MAX_TIME_S:
+        return f"field time_s: expected a number of seconds (before year 9900), got {_got(rec.get('time_s'))}"
     if rec.get("server") is not None and not isinstance(rec["server"], str):
         return f"field server: expected a string, got {_got(rec['server'])}"
     return None

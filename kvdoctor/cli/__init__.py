@@ -47,7 +47,9 @@ class _Group(click.Group):
             from .common import printable
 
             label = "nothing to diagnose" if isinstance(e, NothingToDiagnose) else getattr(e, "label", "error")
-            click.echo(printable(f"kvdoctor: {label}: {e}"), err=True)
+            # one line whatever the data held: a newline inside a quoted CSV header, a file name
+            text = str(e).replace("\r", "\\r").replace("\n", "\\n")
+            click.echo(printable(f"kvdoctor: {label}: {text}"), err=True)
             sys.exit(e.exit_code)
         except click.exceptions.UsageError as e:  # a bad option value: one line too, naming the option
             from .common import printable
@@ -63,7 +65,8 @@ class _Group(click.Group):
                 raise
             from .common import printable
 
-            click.echo(printable(f"kvdoctor: internal error: {type(e).__name__}: {e} (KVDOCTOR_DEBUG=1 shows the "
+            text = str(e).replace("\r", "\\r").replace("\n", "\\n")
+            click.echo(printable(f"kvdoctor: internal error: {type(e).__name__}: {text} (KVDOCTOR_DEBUG=1 shows the "
                                  "traceback; please report it)"), err=True)
             sys.exit(70)
 

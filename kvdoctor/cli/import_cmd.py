@@ -164,7 +164,26 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
         src = tuple(x for x in src if str(x) not in urls)
     paths = _expand(src, getattr(module, "GLOB", None), fmt)
     _check_output(out, force)
+    from ..importers import sniff
 
+    for p in paths:
+        if sniff.empty(p):
+            raise InputError(f"{p}: empty; expected {sniff.LABELS.get(fmt, fmt)}")
+    try:
+        _import(module, fmt, paths, options, out, model, engine, gpu, attribution)
+    except InputError as e:
+        # a file of another format: say which, not the wrong importer's complaint about it
+        for p in paths:
+            if str(p) in str(e):
+                hint = sniff.wrong_format(p, fmt)
+                if hint:
+                    raise InputError(hint) from None
+                break
+        raise
+
+
+def _import(module, fmt: str, paths: list[Path], options: dict[str, Any], out: Path, model: str | None,
+            engine: str | None, gpu: str | None, attribution: str | None) -> None:
     imported = module.read(paths, options)
     meta = dataclasses.replace(imported.meta, model=model or imported.meta.model,
                                engine=engine or imported.meta.engine, gpu=gpu or imported.meta.gpu,
@@ -173,6 +192,10 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
     counts: Counter = Counter()
     imported = dataclasses.replace(imported, meta=meta, records=_counted(imported.records, counts))
 
+    created = out.parent
+    while not created.parent.exists():  # the first folder this import creates: removed if it fails
+        created = created.parent
+    created = None if created.exists() else created
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -185,9 +208,11 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
         finally:
             bar.close()
         if not counts:
+            from ..importers.sniff import LABELS
+
             where = ", ".join(str(p) for p in paths) or options.get("prometheus", "")
-            why = f" ({imported.notes[0]})" if imported.notes else ""
-            raise InputError(f"{where}: no records found for format {fmt}{why}")
+            raise InputError(f"{where}: no records found; expected {LABELS.get(fmt, 'format ' + fmt)} with at least one "
+                             "request")
         if out.exists():
             if any(out.iterdir()):
                 shutil.rmtree(out)  # only reached for a capture with --force (checked above)
@@ -196,6 +221,8 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise
     if not meta.engine:
         from ..capture.reader import ENGINE_UNKNOWN

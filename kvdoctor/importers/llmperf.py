@@ -63,6 +63,8 @@ def _record(path: Path, item: Any, i: int, rid: str) -> RequestRecord:
                          f"keys are {', '.join(sorted(item)[:10])}")
     code = item.get("error_code")
     msg = item.get("error_msg") or None
+    if msg is not None and not isinstance(msg, str):
+        msg = str(msg)[:1000]  # a number or a list where text was expected: kept as text, not trusted
     if code is not None:
         code = integer(code, f"{where}.error_code")
     flagged = code is not None or msg is not None
