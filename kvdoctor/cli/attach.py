@@ -20,12 +20,12 @@ from .common import objective_options, pop_objectives
 GIL_SWITCH_S = 0.0005
 
 
-def _engine_config(items: tuple[str, ...]) -> dict:
+def _engine_config(items: tuple[str, ...], option: str = "--engine-config") -> dict:
     out = {}
     for item in items:
         m = re.fullmatch(r"([a-z_][a-z0-9_]*)=(.+)", item.strip())
         if not m:
-            raise InputError(f"--engine-config {item!r}: expected KEY=VALUE, e.g. cache_type_k=q4_0 or max_running_requests=8")
+            raise InputError(f"{option} {item!r}: expected KEY=VALUE, e.g. cache_type_k=q4_0 or max_running_requests=8")
         v = m[2]
         out[m[1]] = int(v) if v.isdigit() else (float(v) if re.fullmatch(r"\d+\.\d+", v) else v)
     return out
@@ -183,6 +183,11 @@ def command(server_url, proxy, otlp_receiver, otlp_grpc_receiver, capture_dir, l
 
     token = _read_token(token, token_file)
     engine_config = _engine_config(engine_config)
+    if capture_dir and Path(capture_dir).is_dir() and any(Path(capture_dir).iterdir()):
+        folder = Path(capture_dir)
+        if not (folder / "meta.json").exists() and not any(folder.glob("*-*.jsonl")):
+            raise InputError(f"--capture {capture_dir}: exists and is not empty (and not a capture); choose a new folder "
+                             "(an existing capture is appended to)")
     options = Options(lookback_s=lookback, step_s=step, **pop_objectives(objectives))
     rules = load_rules([Path(d) for d in rules_dirs])
     seen: dict[tuple[str, int], str] = {}

@@ -9,7 +9,7 @@ from . import params as P
 from .common import (fail_on_option, finish, format_option, load_capture, load_rules_checked, objective_options,
                      output_option, pop_objectives, progress_callback, rules_option, set_option, since_until_options,
                      write_out)
-from .fleet_options import fleet_options, run_fleet  # fleet mode
+from .fleet_options import check_fleet_only, fleet_options, run_fleet  # fleet mode
 
 
 def run_diagnosis(capture: str, since=None, until=None, rules_dirs: tuple[str, ...] = (), objectives: dict | None = None,
@@ -85,6 +85,7 @@ def command(capture, fmt, output, fail_on, **kw):
             raise InputError("--max-model-len applies to a capture; fleet mode reads the engines' own limits")
         return run_fleet(kw.pop("prometheus"), kw.pop("selector"), fmt=fmt, output=output, fail_on=fail_on,
                          **args, **kw)
+    check_fleet_only(kw)
     if not capture:
         raise InputError("missing CAPTURE (or --prometheus URL for fleet mode)")
     # --- end fleet mode ---

@@ -17,21 +17,21 @@ def fleet_options(f):
         click.option("--prometheus", metavar="URL|CAPTURE",
                      help="Fleet mode: diagnose every instance a Prometheus server holds (or replay a capture "
                           "saved by `import prometheus-range`)."),
-        click.option("--selector", metavar="'{job=\"vllm\"}'", help="Fleet mode: label matchers every query gets."),
-        click.option("--gpu-selector", metavar="'{job=\"dcgm\"}'",
+        click.option("--selector", type=P.Selector(), help="Fleet mode: label matchers every query gets."),
+        click.option("--gpu-selector", type=P.Selector(), metavar="'{job=\"dcgm\"}'",
                      help="Fleet mode: matchers for DCGM exporter series instead of --selector (they are often another job)."),
-        click.option("--sidecar-selector", metavar="'{job=\"kvdoctor\"}'",
+        click.option("--sidecar-selector", type=P.Selector(), metavar="'{job=\"kvdoctor\"}'",
                      help="Fleet mode: matchers for kvdoctor sidecars' series instead of --selector."),
         click.option("--start", "prom_start", type=P.TIME,
                      help="Fleet mode: range start (epoch, ISO 8601 or a duration ago)."),
         click.option("--end", "prom_end", type=P.TIME, help="Fleet mode: range end (default now)."),
-        click.option("--group-by", default="instance", show_default=True,
+        click.option("--group-by", type=P.Labels(), default="instance", show_default=True,
                      help="Fleet mode: labels that name an instance, comma separated (e.g. pod or pod,model_name)."),
         click.option("--bearer-token", envvar="KVDOCTOR_PROM_TOKEN", help="Fleet mode: bearer token (or $KVDOCTOR_PROM_TOKEN; "
                      "prefer --bearer-token-file: an argument is visible to every local user in ps)."),
         click.option("--bearer-token-file", type=P.InputFile(), metavar="FILE",
                      help="Fleet mode: read the bearer token from this file (first line)."),
-        click.option("--basic-auth", metavar="USER:PASS", help="Fleet mode: HTTP basic auth."),
+        click.option("--basic-auth", type=P.UserPass(), help="Fleet mode: HTTP basic auth."),
         click.option("--ca-file", type=P.InputFile(), help="Fleet mode: CA bundle for https."),
         click.option("--insecure", is_flag=True, help="Fleet mode: do not verify the TLS certificate."),
         click.option("--prom-timeout", type=P.Duration(max_s=3600), default=P.PROM_TIMEOUT, show_default=True,
@@ -39,6 +39,23 @@ def fleet_options(f):
     ]):
         f = option(f)
     return f
+
+
+#: the options that mean something only with --prometheus (fleet mode)
+FLEET_ONLY = ("selector", "gpu_selector", "sidecar_selector", "prom_start", "prom_end", "group_by", "bearer_token",
+              "bearer_token_file", "basic_auth", "ca_file", "insecure", "prom_timeout")
+
+
+def check_fleet_only(kw: dict) -> None:
+    """A fleet-mode option given without --prometheus would be ignored in silence: refused."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or kw.get("prometheus"):
+        return
+    for name in FLEET_ONLY:
+        source = ctx.get_parameter_source(name)
+        if source in (click.core.ParameterSource.COMMANDLINE,):
+            opt = next(p for p in ctx.command.params if p.name == name).opts[-1]
+            raise InputError(f"{opt} applies to fleet mode only; give --prometheus URL too, or leave it out")
 
 
 def explicit_step(step: float | None) -> float | None:

@@ -62,14 +62,14 @@ def _check_output(out: Path, force: bool) -> None:
     if not out.exists():
         return
     if not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder; -o names the capture folder to create")
+        raise InputError(f"--output {out}: exists and is not a folder; -o names the capture folder to create")
     if not any(out.iterdir()):
         return
     is_capture = (out / "meta.json").exists() or any(out.glob("*-*.jsonl"))
     if not is_capture:
-        raise InputError(f"{out}: exists and is not empty (and not a capture); choose a new folder for -o")
+        raise InputError(f"--output {out}: exists and is not empty (and not a capture); choose a new folder for -o")
     if not force:
-        raise InputError(f"{out}: a capture is already there; choose a new folder or pass --force to replace it")
+        raise InputError(f"--output {out}: a capture is already there; choose a new folder or pass --force to replace it")
 
 
 def _counted(records: Iterable[Any], counts: Counter) -> Iterator[Any]:

@@ -24,7 +24,8 @@ from .common import objective_options, pop_objectives
 @click.option("--bearer-token-file", type=click.Path(dir_okay=False), help="Read --bearer-token from this file (first line).")
 @click.option("--prom-timeout", type=P.Duration(max_s=3600), default=P.PROM_TIMEOUT, show_default=True,
               help="Timeout per Prometheus query.")
-@click.option("--group-by", default="instance", show_default=True, help="The alert label that names the instance.")
+@click.option("--group-by", type=P.Labels(), default="instance", show_default=True,
+              help="The alert label that names the instance.")
 @click.option("--lookback", type=P.Duration(min_s=1), default="5m", show_default=True,
               help="Window each evaluation looks back over.")
 @click.option("--before", type=P.Duration(zero_ok=True), default="15m", show_default=True,

@@ -144,9 +144,13 @@ class Address(click.ParamType):
         from ..sidecar.agent import host_port
 
         try:
-            host_port(str(value), self.default_port, "")
+            host, _ = host_port(str(value), self.default_port, "")
         except InputError as e:
             self.fail(f"{_shown(value)}: {str(e).split(': ', 1)[-1]}", param, ctx)
+        try:
+            host.encode("idna")
+        except UnicodeError:
+            self.fail(f"{_shown(value)}: {_shown(host)} is not a host name or address", param, ctx)
         return str(value).strip()
 
 
@@ -207,6 +211,17 @@ class Gpu(click.ParamType):
         return hit[0]
 
 
+class Share(click.FloatRange):
+    """A number within bounds (a share, a fraction); NaN and infinities refused (click's
+    FloatRange lets NaN through: every comparison with it is false)."""
+
+    def convert(self, value: Any, param, ctx) -> float:
+        f = super().convert(value, param, ctx)
+        if not math.isfinite(f):
+            self.fail(f"{_shown(value)}: expected a finite number", param, ctx)
+        return f
+
+
 class Objective(click.ParamType):
     """``--slo NAME=VALUE``: checked by kvdoctor.objectives (name, unit, range); kept as typed."""
 
@@ -224,6 +239,58 @@ class Objective(click.ParamType):
         except InputError as e:
             self.fail(str(e).removeprefix("--slo "), param, ctx)
         return str(value)
+
+
+class Selector(click.ParamType):
+    """PromQL label matchers, ``'{job="vllm"}'``: checked by the fleet query builder; kept as typed."""
+
+    name = "selector"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "'{job=\"vllm\"}'"
+
+    def convert(self, value: Any, param, ctx) -> str:
+        from ..errors import InputError
+        from ..fleet.query import selector_matchers
+
+        try:
+            selector_matchers(str(value))
+        except InputError as e:
+            self.fail(f"{_shown(value)}: {str(e).split(': ', 1)[-1]}", param, ctx)
+        return str(value)
+
+
+class Labels(click.ParamType):
+    """Prometheus label names, comma separated (``pod,model_name``)."""
+
+    name = "labels"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "LABELS"
+
+    def convert(self, value: Any, param, ctx) -> str:
+        import re
+
+        names = [x.strip() for x in str(value).split(",")]
+        if not names or not all(re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", n) for n in names):
+            self.fail(f"{_shown(value)}: expected label names separated by commas, e.g. instance or pod,model_name",
+                      param, ctx)
+        return ",".join(names)
+
+
+class UserPass(click.ParamType):
+    """``USER:PASS`` for HTTP basic auth."""
+
+    name = "user:pass"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "USER:PASS"
+
+    def convert(self, value: Any, param, ctx) -> str:
+        text = str(value)
+        if ":" not in text or not text.split(":", 1)[0] or not _printable_ascii(text.replace(" ", "x")):
+            self.fail("expected USER:PASS (printable ASCII)", param, ctx)
+        return text
 
 
 class InputFile(click.Path):

@@ -23,7 +23,7 @@ from .common import format_option, output_option, write_out
               help="Tensor-parallel size; must divide the model's KV heads (or be a multiple of them), as engines require.")
 @click.option("--kv-dtype", default=None, metavar="DTYPE",
               help="fp32|fp16|bf16|fp8|int8|int4. Default: the model's dtype.")
-@click.option("--mem-util", type=click.FloatRange(0.01, 1.0), default=0.9, show_default=True,
+@click.option("--mem-util", type=P.Share(0.01, 1.0), default=0.9, show_default=True,
               help="Share of GPU memory the engine may use (vLLM gpu_memory_utilization, "
                    "SGLang mem_fraction_static).")
 @click.option("--weights", type=P.Size(min_bytes=1), metavar="SIZE", help="Weight bytes of the whole model (default: parameters x dtype).")
@@ -35,9 +35,9 @@ from .common import format_option, output_option, write_out
 @click.option("--block-size", type=click.IntRange(1, 1 << 20), default=None,
               help="Tokens per KV block (page); sequences are rounded up to whole blocks. "
                    "[default: the capture's (vLLM cache_config_info), else 16]")
-@click.option("--headroom", type=click.FloatRange(0.0, 0.95), default=KV_HEADROOM_FRAC, show_default=True,
+@click.option("--headroom", type=P.Share(0.0, 0.95), default=KV_HEADROOM_FRAC, show_default=True,
               help="Share of the cache kept free when computing the safe concurrency.")
-@click.option("--from-capture", "capture", metavar="CAPTURE",
+@click.option("--from-capture", "capture", metavar="CAPTURE", type=click.Path(exists=True, file_okay=False),
               help="Also size for the P95/P99 prompt+output length of this capture; its engine's KV bytes and "
                    "block size (vLLM cache_config_info) stand in for --kv-mem and --block-size when not given.")
 @format_option()

@@ -7,7 +7,7 @@ from ..errors import InputError
 from . import params as P
 from .common import finish, load_rules_checked
 from .diagnose import diagnosis_args, diagnosis_options, run_diagnosis
-from .fleet_options import fleet_diagnosis, fleet_finish, fleet_options
+from .fleet_options import check_fleet_only, fleet_diagnosis, fleet_finish, fleet_options
 
 
 @click.command("report")
@@ -48,6 +48,7 @@ def command(capture, after, output, title, fail_on, **kw):
         click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); {len(fd.per_instance)} replicas, {flagged} flagged")
         fleet_finish(fd, fail_on)
         return
+    check_fleet_only(kw)
     if not capture:
         raise InputError("missing CAPTURE (or --prometheus URL for a fleet page)")
     if after:
