@@ -17,7 +17,7 @@ from kvdoctor.capture import CaptureWriter
 from kvdoctor.cli import cli
 from kvdoctor.cli import params as P
 from kvdoctor.errors import EXIT_CODES, EXIT_FAIL_ON, InputError, NothingToDiagnose
-from kvdoctor.model import CaptureMeta, Event, RequestRecord
+from kvdoctor.model import CaptureMeta, Event
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
