@@ -89,7 +89,8 @@ def cli() -> None:
 #: exit statuses beyond 0, 1, 2 and 70 (which every command has), by command
 COMMAND_EXITS: dict[str, tuple[int, ...]] = {
     "diagnose": (3, 4, 6, 7), "summary": (3, 6, 7), "report": (3, 4, 6, 7), "compare": (3, 6, 7),
-    "attach": (3, 5), "oncall": (3,), "advise": (6,), "rules": (3,), "rules test": (3,), "rules export": (3,),
+    "attach": (3, 5), "oncall": (3,), "advise": (6,), "rules list": (3,), "rules show": (3,), "rules test": (3,),
+    "rules export": (3,),
 }
 _ALWAYS = (0, 1, 2, 70)
 
@@ -99,6 +100,16 @@ def exit_epilog(name: str) -> str:
     codes = sorted({*_ALWAYS, *COMMAND_EXITS.get(name, ())})
     extra = {1: " (rules test: a case failed; rules export --check: files differ)"} if name in ("rules test", "rules export") else {}
     return "\b\nExit status:\n" + "\n".join(f"  {c:<3} {EXIT_CODES[c]}{extra.get(c, '')}" for c in codes)
+
+
+def exit_codes_markdown() -> str:
+    """The exit-status table of docs/cli.md (a generated block; tests/test_cli_docs.py checks it)."""
+    rows = ["| status | meaning | commands |", "|---|---|---|"]
+    for code, meaning in EXIT_CODES.items():
+        cmds = "every command" if code in _ALWAYS else ", ".join(f"`{c}`" for c, codes in COMMAND_EXITS.items()
+                                                                 if code in codes)
+        rows.append(f"| {code} | {meaning} | {cmds} |")
+    return "\n".join(rows) + "\n"
 
 
 def _add_exit_epilog(command: click.Command, name: str) -> None:

@@ -101,7 +101,7 @@ def objective_options(f):
         click.option("--slo", multiple=True, type=P.OBJECTIVE, help=_objectives_help()),
         click.option("--slo-file", type=P.InputFile(), callback=_check_slo_file, metavar="FILE",
                      help="Objectives from a kvdoctor.yaml: slo: for every model, models: NAME: slo: per served "
-                          "model (docs/slo.md); --slo wins over it."),
+                          "model (docs/cli.md); --slo wins over it."),
         click.option("--workload", type=click.Choice(list(WORKLOADS)), default=None,
                      help=f"Workload class whose default objectives apply [default: the SLO file's, else "
                           f"{DEFAULT_WORKLOAD}]."),
