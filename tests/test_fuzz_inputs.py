@@ -32,7 +32,10 @@ FUZZ = settings(max_examples=int(os.environ.get("KVDOCTOR_FUZZ_EXAMPLES", "40"))
 HUGE = "x" * 200_000
 HOSTILE: list[Any] = [None, True, False, 0, -1, -1e308, 1e308, 10**30, 2**64, "", "x", "Infinity", "-Infinity", "NaN",
                       "1e999", [], {}, [None], [[]], {"a": None}, {"value": "x", "unit": "ms"}, HUGE, [HUGE],
-                      [1e308] * 3, list(range(50))]
+                      [1e308] * 3, list(range(50)),
+                      # OTLP attribute values as protobuf JSON writes them (it allows "Infinity" and "NaN")
+                      {"doubleValue": "Infinity"}, {"intValue": "Infinity"}, {"stringValue": "Infinity"},
+                      {"doubleValue": "NaN"}, {"intValue": "-5"}, {"doubleValue": 1e308}, {"boolValue": True}]
 CSV_COLUMNS = ["--col", "arrival_s=launch_time", "--col", "finish_s=finish_time", "--col", "ttft_s=ttft",
                "--col", "prompt_tokens=prompt_tokens", "--col", "output_tokens=generation_tokens",
                "--col", "session_id=user_id"]
@@ -184,17 +187,20 @@ def _known_cases() -> dict[str, tuple[str, str, bytes, list[str], str]]:
     bench["itls"] = bench["itls"][:2]
     otlp_not_list = _otlp_template()
     otlp_not_list["resourceSpans"] = {"x": 1}
-    otlp_inf = _otlp_template()
-    for a in _span_attrs(otlp_inf):
-        if a["key"] == "gen_ai.usage.completion_tokens":
-            a["value"] = {"intValue": "Infinity"}
+    otlp_inf, otlp_inf_double = _otlp_template(), _otlp_template()
+    for doc, value in ((otlp_inf, {"intValue": "Infinity"}), (otlp_inf_double, {"doubleValue": "Infinity"})):
+        for a in _span_attrs(doc):
+            if a["key"] == "gen_ai.usage.completion_tokens":
+                a["value"] = value
     llmperf = json.dumps(TEMPLATES["llmperf"][1]).encode()
     return {
         "vllm-bench lists of unequal length": ("vllm-bench", ".json", json.dumps(bench).encode(), [], "field itls has 2 entries"),
         "csv header of one 200,000-character column": ("csv", ".csv", b"a" * 200_000 + b"\n1\n", ["--col", "ttft_s=ttft"],
                                                        "line 1: field larger than field limit"),
         "otlp resourceSpans not a list": ("otlp-json", ".json", json.dumps(otlp_not_list).encode(), [], "resourceSpans"),
-        "otlp token count Infinity": ("otlp-json", ".json", json.dumps(otlp_inf).encode(), [], ""),
+        "otlp token count Infinity": ("otlp-json", ".json", json.dumps(otlp_inf).encode(), [], "Infinity"),
+        "otlp token count Infinity as a double": ("otlp-json", ".json", json.dumps(otlp_inf_double).encode(), [],
+                                                  "gen_ai.usage.completion_tokens: expected a finite number"),
         "aiperf given llmperf's JSON": ("aiperf", ".jsonl", llmperf, [], "llmperf"),
         "aiperf given vLLM bench's JSON": ("aiperf", ".jsonl", json.dumps(TEMPLATES["vllm-bench"][1], indent=1).encode(),
                                            [], "vllm-bench"),
