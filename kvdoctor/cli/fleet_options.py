@@ -91,14 +91,14 @@ def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, st
     from .attach import read_token
     from .common import load_rules_checked
 
+    texts = [_instant_text(v, n) for v, n in ((since, "since"), (until, "until"), (prom_start, "start"), (prom_end, "end"))]
     now = time.time()
     lo = (prom_start or since)
     hi = (prom_end or until)
     check_range(lo.resolve(None, now) if lo else None, hi.resolve(None, now) if hi else None, lo, hi, now)
     bearer_token = read_token(bearer_token, bearer_token_file, "--bearer-token") if (bearer_token or bearer_token_file) else None
     step = explicit_step(step)
-    data = fetch_from_options(prometheus, selector, _instant_text(since, "since"), _instant_text(until, "until"),
-                              _instant_text(prom_start, "start"), _instant_text(prom_end, "end"),
+    data = fetch_from_options(prometheus, selector, *texts,
                               duration_text(step) if step is not None else None, group_by,
                               bearer_token, basic_auth, ca_file, insecure, duration_text(prom_timeout),
                               gpu_selector=gpu_selector, sidecar_selector=sidecar_selector)
