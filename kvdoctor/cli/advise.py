@@ -42,7 +42,7 @@ def command(capture, since, until, model, gpu_mem, fmt, output) -> None:
             resolve_gpu(gpu_mem)
     cap = load_capture(capture, since, until)
     if not len(cap.requests):
-        where = f" in {cap.range_text}" if getattr(cap, "range_text", None) else ""
+        where = f" in {cap.range_text}" if cap.range_text else ""
         raise NothingToDiagnose(f"{capture}: no request records{where}; advise needs per-request times")
     result = advise(cap, model=model, gpu_mem=gpu_mem)
     if fmt == "json":

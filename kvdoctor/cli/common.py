@@ -215,9 +215,10 @@ def load_capture(path: str, since=None, until=None):
     lo = since.resolve(cap.start_s, end) if since is not None else None
     hi = until.resolve(cap.start_s, end) if until is not None else None
     check_range(lo, hi, since, until)
-    cut = time_slice(cap, lo, hi)
-    cut.range_text = f"{_iso(lo) if lo is not None else '…'} → {_iso(hi) if hi is not None else '…'}"
-    return cut
+    import dataclasses
+
+    text = f"{_iso(lo) if lo is not None else '…'} → {_iso(hi) if hi is not None else '…'}"
+    return dataclasses.replace(time_slice(cap, lo, hi), range_text=text)
 
 
 def _iso(t: float) -> str:
