@@ -1,8 +1,10 @@
 """Numbers and text as people read them, one place for every renderer (text, Markdown, HTML,
-compare, on-call, the sidecar): a value in its unit, a span of time, text safe for a terminal."""
+compare, on-call, the sidecar): a value in its unit, a span of time, text safe for a terminal; and
+the one parser of sizes as people type them (every command's size options, kvdoctor/cli/params.py)."""
 from __future__ import annotations
 
 import math
+import re
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -47,3 +49,29 @@ def printable(text: str) -> str:
     """``text`` without the control characters a terminal would execute (tab and newline kept).
     JSON output is unaffected: JSON encoders escape control characters inside strings."""
     return text.translate(_CONTROL)
+
+
+#: size units as people type them: KB/MB/GB/TB decimal, KiB/MiB/GiB/TiB binary, and a bare K/M/G/T
+#: binary (what `free -g`, Kubernetes' Gi and engine logs mean by it); B or nothing: bytes
+SIZE_UNITS: dict[str, float] = {"": 1, "b": 1, "k": 2**10, "kb": 1e3, "kib": 2**10, "ki": 2**10, "m": 2**20, "mb": 1e6,
+                                "mib": 2**20, "mi": 2**20, "g": 2**30, "gb": 1e9, "gib": 2**30, "gi": 2**30,
+                                "t": 2**40, "tb": 1e12, "tib": 2**40, "ti": 2**40}
+_SIZE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)\s*([a-z]*)\s*")
+
+
+def parse_size(text: str | float) -> float:
+    """Bytes in ``1GiB``, ``512MiB``, ``80GB`` or a bare number of bytes: every size option of
+    every command. ValueError for another unit, a negative, NaN or infinite value (the caller
+    names the option and its own bounds)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = _SIZE.fullmatch(str(text).lower())
+        if not m or m[2] not in SIZE_UNITS:
+            raise ValueError("expected a size like 1GiB, 512MiB, 80GB or a number of bytes")
+        value = float(m[1]) * SIZE_UNITS[m[2]]
+    if not math.isfinite(value):
+        raise ValueError("expected a finite size")
+    if value < 0:
+        raise ValueError("expected a size of 0 or more, not a negative one")
+    return value

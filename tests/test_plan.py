@@ -395,7 +395,7 @@ def test_cli_kv_mem_reproduces_an_engine_log():
 
 @pytest.mark.parametrize("args, msg", [
     (["--model", "NoSuchModel-7B", "--max-len", "4096"], "--model: 'NoSuchModel-7B'"),
-    (["--model", "Llama-3.1-8B", "--max-len", "4096", "--gpu-mem", "lots"], "--gpu-mem: cannot read 'lots'"),
+    (["--model", "Llama-3.1-8B", "--max-len", "4096", "--gpu-mem", "lots"], "--gpu-mem 'lots': neither a size (80GiB, 80GB) nor a known GPU"),
     (["--model", "Llama-3.1-8B"], "--max-len: required"),
     (["--model", "Llama-3.1-70B", "--max-len", "4096", "--gpu-mem", "L4"], "leaves no room for the KV cache"),
 ])

@@ -124,6 +124,9 @@ class Capture:
     engine: EngineSeries
     events: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    #: the --since/--until range this capture was cut to, as people read it (the
+    #: nothing-to-diagnose reason names it); None for a whole capture
+    range_text: str | None = None
 
     @property
     def start_s(self) -> float | None:

@@ -54,6 +54,47 @@ def load_meta(folder: Path) -> CaptureMeta:
     return CaptureMeta(**kwargs)
 
 
+#: said on every output of an imported capture that names no engine (kvdoctor import --engine)
+ENGINE_UNKNOWN = "engine unknown: fixes list every engine's knobs; pass --engine"
+
+
+def load_warnings(meta: CaptureMeta, requests: Columns, engine: EngineSeries) -> list[str]:
+    """What every output of this capture should say about the data itself: requests a client
+    flagged that still completed (not failures, but their outputs were short), and an imported
+    capture without an engine."""
+    out = []
+    n_flagged, n_short = client_flags(requests)
+    if n_short:
+        out.append(f"{n_short} request{'s' * (n_short != 1)} ended before max_tokens (flagged by the client, not "
+                   "failures): throughput figures are per actual output")
+    if n_flagged > n_short:
+        n = n_flagged - n_short
+        out.append(f"{n} completed request{'s' * (n != 1)} carry a note from the client (kept as their error text, "
+                   "not counted as failures)")
+    if (meta.origin or "").startswith("import:") and not meta.engine and not engine.engine:
+        out.append(ENGINE_UNKNOWN)
+    return out
+
+
+def client_flags(requests: Columns) -> tuple[int, int]:
+    """(completed requests with a client's note, of which "too few output tokens" flags)."""
+    import numpy as np
+
+    from .. import error_classes
+
+    if not len(requests) or not requests.has("error"):
+        return 0, 0
+    status_codes, status_labels = requests.codes("status")
+    ok = np.isin(status_codes, [i for i, x in enumerate(status_labels) if x == "ok"])
+    codes, labels = requests.codes("error")
+    flagged = ok & (codes >= 0)
+    if not flagged.any():
+        return 0, 0
+    # judged as if the request had failed: only the text's own words ("too few tokens") make it a flag then
+    short = [i for i, text in enumerate(labels) if text and error_classes.classify(text=text, status="error") == "client_flag"]
+    return int(flagged.sum()), int((flagged & np.isin(codes, short)).sum())
+
+
 _META_TYPES: dict[str, tuple[type, ...]] = {
     "created_unix_s": (int, float), "clock": (str,), "engine": (str,), "engine_version": (str,), "model": (str,), "gpu": (str,),
     "server": (str,), "origin": (str,), "config": (dict,), "text_stored": (bool,), "tool_version": (str,),
@@ -78,6 +119,7 @@ def load(path: str | Path, *, since_s: float | None = None, until_s: float | Non
     host = Columns(_read_table(folder, "host", warnings))
     engine = _engine_series(_read_dicts(folder, "engine", warnings))
     events = _read_dicts(folder, "events", warnings)
+    warnings += load_warnings(meta, requests, engine)
     cap = Capture(folder, meta, requests, gpu, host, engine, events, warnings)
     if since_s is not None or until_s is not None:
         cap = time_slice(cap, since_s, until_s)

@@ -60,10 +60,26 @@ def _depth(obj: Any, limit: int) -> int:
     return 1 + max((_depth(x, limit - 1) for x in items), default=0)
 
 
-def _whole_lines(path: Path, data: bytes, warnings: list[str]) -> tuple[list[dict[str, Any]], bytes]:
+def _utf8(path: Path, data: bytes, warnings: list[str]) -> bytes:
+    """``data`` as valid UTF-8: a server's error text may carry bytes that are not (a latin-1
+    message, a cut multi-byte character); they are read as U+FFFD with one warning, never a crash."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        fixed = data.decode("utf-8", errors="replace")
+        n = fixed.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+        warnings.append(f"{path}: line {line}: {n} byte sequence{'s' * (n != 1)} not UTF-8 (first at byte {e.start}); "
+                        "read as U+FFFD")
+        return fixed.encode("utf-8")
+    return data
+
+
+def _whole_lines(path: Path, data: bytes, warnings: list[str],
+                 numbers: list[int] | None = None) -> tuple[list[dict[str, Any]], bytes]:
     """The segment's readable records (and their lines), skipping each line that is not a whole
     JSON object with a located warning. A line where an old writer appended a record after a
-    torn fragment keeps the record after the fragment."""
+    torn fragment keeps the record after the fragment. ``numbers`` receives each record's line."""
     out, kept, bad = [], [], 0
     lines = data.split(b"\n")
     for i, line in enumerate(lines, 1):
@@ -90,6 +106,8 @@ def _whole_lines(path: Path, data: bytes, warnings: list[str]) -> tuple[list[dic
             continue
         out.append(obj)
         kept.append(line)
+        if numbers is not None:
+            numbers.append(i)
     if bad > 5:
         warnings.append(f"{path}: {bad} unreadable lines skipped in all (first 5 named above)")
     if bad and not out and bad > 1:
@@ -138,7 +156,7 @@ def _read_table(folder: Path, kind: str, warnings: list[str]) -> pa.Table:
     schema = SCHEMAS[kind]
     tables = []
     for seg in segments(folder, kind):
-        data = seg.read_bytes()
+        data = _utf8(seg, seg.read_bytes(), warnings)
         if not data:
             continue
         longest, too_deep = _scan(data)
@@ -161,15 +179,143 @@ def _read_table(folder: Path, kind: str, warnings: list[str]) -> pa.Table:
                 table = pajson.read_json(pa.BufferReader(pa.py_buffer(cleaned)), read_options=ropts)
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e2:
                 raise InputError(f"{seg}: {str(e2).splitlines()[0]}") from None
-        tables.append(_conform(table, schema, seg))
+        if not _lists_valid(table):
+            table = _reread_lists(data, table, schema, ropts, seg)
+        tables.append(_bounded(_conform(table, schema, seg), seg, warnings))
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables)
 
 
+def _lists_valid(table: pa.Table) -> bool:
+    """Arrow's JSON reader (26.0) builds a corrupt list column when the first list it infers from
+    starts with null (``[null, 0.01]``): offsets past the values. Checked here, not trusted."""
+    for col in table.columns:
+        if pa.types.is_list(col.type):
+            try:
+                col.validate(full=True)
+            except pa.ArrowInvalid:
+                return False
+    return True
+
+
+def _reread_lists(data: bytes, table: pa.Table, schema: pa.Schema, ropts, seg: Path) -> pa.Table:
+    """The segment read again with the list fields' types given (Arrow then parses them right)."""
+    lists = pa.schema([f for f in schema if pa.types.is_list(f.type) and f.name in table.column_names])
+    popts = pajson.ParseOptions(explicit_schema=lists, unexpected_field_behavior="infer")
+    try:
+        return pajson.read_json(pa.BufferReader(pa.py_buffer(data)), read_options=ropts, parse_options=popts)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise InputError(f"{seg}: {str(e).splitlines()[0]}") from None
+
+
+#: instants a clock can hold: seconds within ±2.5e11 (year ~9900); a time beyond is no time (1e308
+#: ns from a hostile file) and every date formatting downstream would overflow on it
+MAX_TIME_S = 2.5e11
+#: durations (TTFT, E2E, ...) beyond ~32 years are no measurement either; with the bound above, an
+#: instant derived from one (arrival + e2e) still stays a date
+MAX_DURATION_S = 1e9
+_INSTANTS = ("arrival_s", "first_token_s", "finish_s", "time_s")
+
+
+def _bounded(table: pa.Table, seg: Path, warnings: list[str]) -> pa.Table:
+    """Instants and durations (``*_s`` numbers) beyond their bounds read as missing, with one
+    warning per field and segment."""
+    import pyarrow.compute as pc
+
+    for f in table.schema:
+        if not f.name.endswith("_s") or not pa.types.is_floating(f.type):
+            continue
+        limit, what = (MAX_TIME_S, "beyond year 9900") if f.name in _INSTANTS else (MAX_DURATION_S, "over 30 years")
+        col = table.column(f.name)
+        bad = pc.fill_null(pc.greater(pc.abs(col), limit), False)
+        n = pc.sum(bad).as_py() or 0
+        if n:
+            warnings.append(f"{seg}: field {f.name}: {n} value{'s' * (n != 1)} {what} read as missing")
+            table = table.set_column(table.schema.get_field_index(f.name), f.name,
+                                     pc.if_else(bad, pa.scalar(None, f.type), col))
+    return table
+
+
 def _read_dicts(folder: Path, kind: str, warnings: list[str]) -> list[dict[str, Any]]:
+    """Engine or event records, each checked field by field: a record whose fields have the
+    wrong type (a null time, a string of values) is skipped with a warning naming the file,
+    line and field, so one bad line neither crashes a reader nor hides the rest."""
+    check = _CHECKS.get(kind)
     out = []
     for seg in segments(folder, kind):
-        out += _whole_lines(seg, seg.read_bytes(), warnings)[0]
+        numbers: list[int] = []
+        records = _whole_lines(seg, _utf8(seg, seg.read_bytes(), warnings), warnings, numbers)[0]
+        skipped = 0
+        for n, rec in zip(numbers, records):
+            why = check(rec) if check else None
+            if why is None:
+                out.append(rec)
+                continue
+            if skipped < 5:
+                warnings.append(f"{seg}: line {n}: {why}; record skipped")
+            skipped += 1
+        if skipped > 5:
+            warnings.append(f"{seg}: {skipped} {kind} records skipped in all for wrong field types (first 5 named above)")
     return out
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _got(v: Any) -> str:
+    s = "null" if v is None else f"{type(v).__name__} {v!r}"
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _common(rec: dict[str, Any]) -> str | None:
+    if not _is_num(rec.get("time_s")) or abs(rec["time_s"]) > MAX_TIME_S:
+        return f"field time_s: expected a number of seconds (before year 9900), got {_got(rec.get('time_s'))}"
+    if rec.get("server") is not None and not isinstance(rec["server"], str):
+        return f"field server: expected a string, got {_got(rec['server'])}"
+    return None
+
+
+def _check_engine(rec: dict[str, Any]) -> str | None:
+    why = _common(rec)
+    if why:
+        return why
+    if rec.get("engine") is not None and not isinstance(rec["engine"], str):
+        return f"field engine: expected a string, got {_got(rec['engine'])}"
+    for name in ("values", "histograms"):
+        if rec.get(name) is not None and not isinstance(rec[name], dict):
+            return f"field {name}: expected an object of name: value, got {_got(rec[name])}"
+    for key, h in list((rec.get("histograms") or {}).items()):
+        if not _histogram_ok(h):
+            return f"field histograms.{key}: expected {{le: [bounds], cum: [counts], sum, count}}, got {_got(h)}"
+    return None
+
+
+def _histogram_ok(h: Any) -> bool:
+    if not isinstance(h, dict):
+        return False
+    le, cum = h.get("le"), h.get("cum")
+    if not isinstance(le, list) or not isinstance(cum, list) or len(le) != len(cum):
+        return False
+    # the writer stores the +Inf bound as null (JSON has no infinity); counts are numbers
+    if not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in le):
+        return False
+    if not all(_is_num(x) for x in cum):
+        return False
+    return all(h.get(k) is None or _is_num(h.get(k)) for k in ("sum", "count"))
+
+
+def _check_event(rec: dict[str, Any]) -> str | None:
+    why = _common(rec)
+    if why:
+        return why
+    if not isinstance(rec.get("kind"), str):
+        return f"field kind: expected a string (server-down, config, ...), got {_got(rec.get('kind'))}"
+    if rec.get("detail") is not None and not isinstance(rec["detail"], dict):
+        return f"field detail: expected an object, got {_got(rec['detail'])}"
+    return None
+
+
+_CHECKS = {"engine": _check_engine, "events": _check_event}
 

@@ -7,28 +7,30 @@ import click
 import orjson
 
 from ..errors import InputError
-from .common import write_out
+from . import params as P
+from .common import (fail_on_option, finish, format_option, load_rules_checked, objective_options, output_option,
+                     pop_objectives, rules_option, set_option, write_out)
 
 
 @click.command("compare")
 @click.argument("before")
 @click.argument("after")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of standard output.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+@format_option()
+@output_option
+@click.option("--html", "html_path", type=P.OutputFile(),
               help="Also write a self-contained HTML page with before/after charts.")
-@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(),
-              help="Extra folder of rule files (repeatable); same id replaces a shipped rule.")
-@click.option("--slo", multiple=True, metavar="NAME=VALUE",
-              help="Absolute objective, e.g. --slo ttft_p99=2s --slo error_rate=1%.")
-@click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=N",
-              help="Override a rule threshold, e.g. --set prefill-bound.min_corr=0.5.")
-@click.option("--lookback", default="5m", show_default=True, help="Window each rule evaluation looks back over.")
-@click.option("--step", default="1m", show_default=True, help="Time between rule evaluations.")
+@rules_option
+@objective_options
+@set_option
+@click.option("--lookback", type=P.Duration(min_s=0.001), default="5m", show_default=True,
+              help="Window each rule evaluation looks back over.")
+@click.option("--step", type=P.Duration(min_s=0.001), default="1m", show_default=True, help="Time between rule evaluations.")
 @click.option("--resamples", default=2000, show_default=True, type=click.IntRange(1000, 100_000),
               help="Bootstrap resamples per interval.")
-@click.option("--seed", default=20240607, show_default=True, type=int, help="Bootstrap seed (same seed, same intervals).")
-def command(before, after, fmt, output, html_path, rules_dirs, slo, sets, lookback, step, resamples, seed):
+@click.option("--seed", default=20240607, show_default=True, type=click.IntRange(0, 2**32 - 1),
+              help="Bootstrap seed (same seed, same intervals).")
+@fail_on_option
+def command(before, after, fmt, output, html_path, rules_dirs, sets, lookback, step, resamples, seed, fail_on, **kw):
     """Compare BEFORE with AFTER: what became of each finding, and how the headline signals
     moved, each change with a 95% confidence interval.
 
@@ -52,21 +54,18 @@ def command(before, after, fmt, output, html_path, rules_dirs, slo, sets, lookba
       kvdoctor compare cap/@+0..+600 cap/@+900..+1500      # one capture, before and after a restart
       kvdoctor compare off/ on/ --format json | jq '.verdict, .signals[0]'
       kvdoctor compare off/ on/ --html compare.html --slo ttft_p99=2s
+      kvdoctor compare before/ after/ --fail-on warning     # CI: exit 7 while AFTER still has an incident
 
-    Exit status: 0 done (whatever the verdict), 2 bad input, 3 bad rule file.
+    The exit status does not follow the verdict; --fail-on judges AFTER's incidents.
     """
     from ..compare import compare
     from ..compare.render import markdown, text, to_json
-    from ..diagnosis import Options, load_rules, parse_slo
-    from ..diagnosis.rules import parse_duration, parse_overrides
+    from ..diagnosis import Options
     from ..compare.sides import load_side, parse_side
 
     b_spec, a_spec = parse_side(before, "BEFORE"), parse_side(after, "AFTER")  # syntax errors before any loading
-    try:
-        opts = Options(lookback_s=parse_duration(lookback), step_s=parse_duration(step), slo=parse_slo(slo))
-    except ValueError as e:
-        raise InputError(f"--lookback/--step: {e}") from None
-    rules = load_rules([Path(d) for d in rules_dirs], parse_overrides(sets))
+    opts = Options(lookback_s=lookback, step_s=step, **pop_objectives(kw))
+    rules = load_rules_checked(rules_dirs, sets)
     comp = compare(load_side(b_spec, "BEFORE"), load_side(a_spec, "AFTER"), rules, opts, resamples, seed)
     if fmt == "json":
         out = orjson.dumps(to_json(comp), option=orjson.OPT_INDENT_2).decode() + "\n"
@@ -79,7 +78,9 @@ def command(before, after, fmt, output, html_path, rules_dirs, slo, sets, lookba
         from ..report.compare_html import render_compare_html
 
         path = Path(html_path)
-        if path.parent and not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_compare_html(comp.before_diag, comp.after_diag, comp), encoding="utf-8")
+        try:
+            path.write_text(render_compare_html(comp.before_diag, comp.after_diag, comp), encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"--html {path}: cannot write ({e.strerror or e})") from None
         click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", err=True)
+    finish([comp.after_diag], fail_on)

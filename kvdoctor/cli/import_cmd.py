@@ -14,6 +14,7 @@ import click
 from .. import __version__, importers
 from ..errors import InputError
 from ..importers.base import write_capture
+from . import params as P
 
 #: record type -> (singular, plural), in the order the summary names them
 _KIND_LABELS = {"RequestRecord": ("request", "requests"), "EngineSample": ("engine sample", "engine samples"),
@@ -61,14 +62,14 @@ def _check_output(out: Path, force: bool) -> None:
     if not out.exists():
         return
     if not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder; -o names the capture folder to create")
+        raise InputError(f"--output {out}: exists and is not a folder; -o names the capture folder to create")
     if not any(out.iterdir()):
         return
     is_capture = (out / "meta.json").exists() or any(out.glob("*-*.jsonl"))
     if not is_capture:
-        raise InputError(f"{out}: exists and is not empty (and not a capture); choose a new folder for -o")
+        raise InputError(f"--output {out}: exists and is not empty (and not a capture); choose a new folder for -o")
     if not force:
-        raise InputError(f"{out}: a capture is already there; choose a new folder or pass --force to replace it")
+        raise InputError(f"--output {out}: a capture is already there; choose a new folder or pass --force to replace it")
 
 
 def _counted(records: Iterable[Any], counts: Counter) -> Iterator[Any]:
@@ -129,16 +130,24 @@ where the data came from, for any format. A SRC folder takes the format's usual 
 @click.command("import", help=HELP, short_help="Turn another tool's files into a capture.")
 @click.argument("fmt", metavar="FORMAT")
 @click.argument("src", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), metavar="CAPTURE",
-              help="Capture folder to create.")
+@click.option("-o", "--output", "out", required=True, type=P.OutputFolder(), metavar="CAPTURE",
+              help="Capture folder to create (not an existing file or a folder holding other files).")
 @click.option("--col", "cols", multiple=True, metavar="FIELD=COLUMN", help="csv: request field <- CSV column (repeat).")
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Format option (repeat).")
-@click.option("--model", default=None, help="Model name to record in the capture.")
-@click.option("--engine", default=None, help="Engine to record (vllm, sglang, trtllm, ...).")
-@click.option("--gpu", default=None, help="GPU the server ran on (e.g. A100-80GB): decode's bandwidth bound comes from it.")
+@click.option("--model", default=None, help="Model name to record in the capture (the KV and bandwidth rules size "
+              "from it; an SLO file's per-model objectives select by it).")
+@click.option("--engine", default=None, type=P.ENGINE,
+              help="Engine the server ran (vllm, sglang, tgi, llamacpp, trtllm): fixes name its flags; without it they "
+                   "list every engine's.")
+@click.option("--gpu", default=None, type=P.GPU,
+              help="GPU the server ran on (e.g. A100-80GB): decode's bandwidth bound comes from it.")
 @click.option("--force", is_flag=True, help="Replace an existing capture at CAPTURE.")
 def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], opts: tuple[str, ...],
             model: str | None, engine: str | None, gpu: str | None, force: bool) -> None:
+    out = Path(out)
+    if model is not None and (not model.strip() or len(model) > 256 or not model.isprintable()):
+        raise InputError(f"--model {model[:60]!r}: expected a model name such as Llama-3.1-8B (printable, at most 256 "
+                         "characters)")
     module = importers.get(fmt)
     options: dict[str, Any] = _pairs(opts, "--opt", "KEY=VALUE")
     attribution = options.pop("attribution", None)
@@ -155,7 +164,26 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
         src = tuple(x for x in src if str(x) not in urls)
     paths = _expand(src, getattr(module, "GLOB", None), fmt)
     _check_output(out, force)
+    from ..importers import sniff
 
+    for p in paths:
+        if sniff.empty(p):
+            raise InputError(f"{p}: empty; expected {sniff.LABELS.get(fmt, fmt)}")
+    try:
+        _import(module, fmt, paths, options, out, model, engine, gpu, attribution)
+    except InputError as e:
+        # a file of another format: say which, not the wrong importer's complaint about it
+        for p in paths:
+            if str(p) in str(e):
+                hint = sniff.wrong_format(p, fmt)
+                if hint:
+                    raise InputError(hint) from None
+                break
+        raise
+
+
+def _import(module, fmt: str, paths: list[Path], options: dict[str, Any], out: Path, model: str | None,
+            engine: str | None, gpu: str | None, attribution: str | None) -> None:
     imported = module.read(paths, options)
     meta = dataclasses.replace(imported.meta, model=model or imported.meta.model,
                                engine=engine or imported.meta.engine, gpu=gpu or imported.meta.gpu,
@@ -164,6 +192,10 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
     counts: Counter = Counter()
     imported = dataclasses.replace(imported, meta=meta, records=_counted(imported.records, counts))
 
+    created = out.parent
+    while not created.parent.exists():  # the first folder this import creates: removed if it fails
+        created = created.parent
+    created = None if created.exists() else created
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -176,9 +208,11 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
         finally:
             bar.close()
         if not counts:
+            from ..importers.sniff import LABELS
+
             where = ", ".join(str(p) for p in paths) or options.get("prometheus", "")
-            why = f" ({imported.notes[0]})" if imported.notes else ""
-            raise InputError(f"{where}: no records found for format {fmt}{why}")
+            raise InputError(f"{where}: no records found; expected {LABELS.get(fmt, 'format ' + fmt)} with at least one "
+                             "request")
         if out.exists():
             if any(out.iterdir()):
                 shutil.rmtree(out)  # only reached for a capture with --force (checked above)
@@ -187,7 +221,13 @@ def command(fmt: str, src: tuple[Path, ...], out: Path, cols: tuple[str, ...], o
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise
+    if not meta.engine:
+        from ..capture.reader import ENGINE_UNKNOWN
+
+        imported.notes.append(ENGINE_UNKNOWN)
     for note in imported.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(_summary(counts, out))

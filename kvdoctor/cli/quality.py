@@ -6,19 +6,22 @@ from pathlib import Path
 import click
 import orjson
 
-from .common import progress_callback
+from . import params as P
+from .common import format_option, output_option, progress_callback, write_out
 
 
 @click.command("quality")
-@click.option("--baseline", required=True, metavar="URL", help="Server with the reference KV format (e.g. -ctk f16 -ctv f16).")
-@click.option("--candidate", required=True, metavar="URL", help="Server under test (e.g. -ctk q4_0 -ctv q4_0).")
-@click.option("--prompts", "prompts_path", required=True, type=click.Path(), help="JSON Lines ({\"prompt\"} or {\"messages\"}) or text paragraphs.")
-@click.option("--max-tokens", default=128, show_default=True, help="Tokens to generate per prompt (greedy).")
-@click.option("--buckets", default=4, show_default=True, help="Context-length buckets in the table.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--capture", "capture_dir", type=click.Path(), help="Also write the candidate's requests with their baseline comparison as a capture (for diagnose/report).")
+@click.option("--baseline", required=True, type=P.URL, help="Server with the reference KV format (e.g. -ctk f16 -ctv f16).")
+@click.option("--candidate", required=True, type=P.URL, help="Server under test (e.g. -ctk q4_0 -ctv q4_0).")
+@click.option("--prompts", "prompts_path", required=True, type=P.InputFile(), help="JSON Lines ({\"prompt\"} or {\"messages\"}) or text paragraphs.")
+@click.option("--max-tokens", default=128, show_default=True, type=P.Count(1, 1_000_000, "of tokens"),
+              help="Tokens to generate per prompt (greedy).")
+@click.option("--buckets", default=4, show_default=True, type=P.Count(1, 100), help="Context-length buckets in the table.")
+@format_option()
+@output_option
+@click.option("--capture", "capture_dir", type=P.OutputFolder(), help="Also write the candidate's requests with their baseline comparison as a capture (for diagnose/report).")
 @click.option("--candidate-config", multiple=True, metavar="KEY=VALUE", help="The candidate's KV settings for the capture, e.g. cache_type_k=q4_0.")
-def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, capture_dir, candidate_config):
+def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, output, capture_dir, candidate_config):
     """Same long prompts, greedy decoding, against both servers: divergence and repetition per
     context length. Exit 0 with a verdict line; no prompt or output text is kept.
 
@@ -33,20 +36,26 @@ def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, capture
     from ..quality import by_context, compare, read_prompts, verdict, write_capture
     from .attach import _engine_config
 
+    kv_config = _engine_config(candidate_config, "--candidate-config")  # a bad KEY=VALUE is said before any prompt is sent
     prompts = read_prompts(Path(prompts_path))
     with progress_callback("prompts", unit="prompt") as progress:
         results = compare(baseline, candidate, prompts, max_tokens, progress=progress)
     rows = by_context(results, buckets)
     summary = verdict(rows)
     if capture_dir:
-        write_capture(results, Path(capture_dir), candidate, _engine_config(candidate_config))
+        write_capture(results, Path(capture_dir), candidate, kv_config)
     if fmt == "json":
-        click.echo(orjson.dumps({"verdict": summary, "by_context": rows,
-                                 "prompts": [r.__dict__ for r in results]}, option=orjson.OPT_INDENT_2).decode())
+        write_out(orjson.dumps({"verdict": summary, "by_context": rows, "prompts": [r.__dict__ for r in results]},
+                               option=orjson.OPT_INDENT_2).decode() + "\n", output)
         return
-    click.echo(f"{'prompt tokens':>16}  {'n':>3}  {'agreement':>9}  {'repetition base':>15}  {'repetition cand':>15}")
+    lines = [f"{'prompt tokens':>16}  {'n':>3}  {'agreement':>9}  {'repetition base':>15}  {'repetition cand':>15}"]
     for r in rows:
         f = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
-        click.echo(f"{r['prompt_tokens_from']:>7}-{r['prompt_tokens_to']:<8}  {r['prompts']:>3}  {f(r['agreement_p50']):>9}  "
-                   f"{f(r['baseline_repetition_p50']):>15}  {f(r['candidate_repetition_p50']):>15}")
-    click.echo(summary)
+        lines.append(f"{r['prompt_tokens_from']:>7}-{r['prompt_tokens_to']:<8}  {r['prompts']:>3}  {f(r['agreement_p50']):>9}  "
+                     f"{f(r['baseline_repetition_p50']):>15}  {f(r['candidate_repetition_p50']):>15}")
+    text = "\n".join(lines + [summary]) + "\n"
+    if fmt == "markdown":
+        from .advise import fenced
+
+        text = fenced(f"kvdoctor quality · {candidate} against {baseline}", text)
+    write_out(text, output)

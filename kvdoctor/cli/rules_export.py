@@ -6,21 +6,26 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
+from . import params as P
 
 
 @click.command("export")
 @click.option("--format", "fmt", type=click.Choice(["prometheus"]), required=True,
               help="prometheus: Prometheus alerting rule files.")
-@click.option("-o", "--output", type=click.Path(file_okay=False),
+@click.option("-o", "--output", type=P.OutputFolder(),
               help="Write one file per engine (and the sidecar's) into this folder; default: one file to standard output.")
-@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(), help="Extra folder of rule files (repeatable).")
-@click.option("--window", default="5m", show_default=True, help="Window every signal is computed over (the rules' lookback).")
-@click.option("--slo", multiple=True, metavar="NAME=VALUE",
+@click.option("--rules", "rules_dirs", multiple=True, type=P.InputFile(dir_okay=True, file_okay=False),
+              help="Extra folder of rule files (repeatable).")
+@click.option("--window", type=P.PromDuration(min_s=1, max_s=30 * 86400), default="5m", show_default=True,
+              help="Window every signal is computed over (the rules' lookback).")
+@click.option("--slo", multiple=True, type=P.OBJECTIVE,
               help="Objectives the SLO alerts and rules use (default ttft_p99=2s, tpot_p99=100ms, error_rate=1%).")
-@click.option("--min-for", default="2m", show_default=True, help="Shortest for: any alert gets (a rule's own for: when longer).")
-@click.option("--for", "for_all", metavar="DURATION", help="Every alert's for: (e.g. a short hold in a test setup).")
-@click.option("--runbook-base", help="URL of docs/runbooks.md that runbook_url anchors point into.")
-@click.option("--runbooks", "runbooks_path", type=click.Path(dir_okay=False), help="Also write the runbook page here.")
+@click.option("--min-for", type=P.Duration(zero_ok=True, max_s=7 * 86400), default="2m", show_default=True,
+              help="Shortest for: any alert gets (a rule's own for: when longer).")
+@click.option("--for", "for_all", type=P.Duration(zero_ok=True, max_s=7 * 86400),
+              help="Every alert's for: (e.g. a short hold in a test setup).")
+@click.option("--runbook-base", type=P.URL, help="URL of docs/runbooks.md that runbook_url anchors point into.")
+@click.option("--runbooks", "runbooks_path", type=P.OutputFile(), help="Also write the runbook page here.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if the files in --output (and --runbooks) differ.")
 def export_command(fmt, output, rules_dirs, window, slo, min_for, for_all, runbook_base, runbooks_path, check):
     """Prometheus alerting rules generated from the rules where their signals map to engine
@@ -32,22 +37,14 @@ def export_command(fmt, output, rules_dirs, window, slo, min_for, for_all, runbo
       kvdoctor rules export --format prometheus --slo ttft_p99=1s --window 10m > kvdoctor-alerts.yaml
       kvdoctor rules export --format prometheus -o alerts/ --check     # CI: shipped files up to date
 
-    Exit status: 0 written, 1 --check found a difference, 2 bad input, 3 bad rule file.
     """
 
     from ..alerts import export as E
     from ..alerts.runbooks import markdown
     from ..diagnosis import load_rules, parse_slo
-    from ..timeparse import DURATION, parse_duration
 
-    def seconds(v: str, name: str) -> float:
-        if not DURATION.match(v.strip()):
-            raise InputError(f"--{name} {v!r}: expected a duration like 30s, 5m, 2h")
-        return parse_duration(v)
-
-    seconds(window, "window")
-    opts = E.Options(window=window.strip(), slo={**E.DEFAULT_SLO, **parse_slo(slo)}, min_for_s=seconds(min_for, "min-for"),
-                     for_s=seconds(for_all, "for") if for_all else None, runbook_base=runbook_base or E.RUNBOOK_BASE)
+    opts = E.Options(window=window, slo={**E.DEFAULT_SLO, **parse_slo(slo)}, min_for_s=min_for,
+                     for_s=for_all, runbook_base=runbook_base or E.RUNBOOK_BASE)
     rules = load_rules([Path(d) for d in rules_dirs])
     ex = E.export(rules, opts)
     texts = E.files_text(ex)

@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from ..errors import InputError
 from .base import Sink, SourceUnavailable
 from .otlp_receiver import records_from_request
 
@@ -49,6 +50,11 @@ class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return response
 
 
+class PortUnavailable(SourceUnavailable, InputError):
+    """The receiver's port is taken or not an address here: the user's to fix (exit 2, one line),
+    not a bug; still a SourceUnavailable to code that starts receivers itself."""
+
+
 async def start_grpc_receiver(sink: Sink, host: str = "127.0.0.1",
                               port: int = DEFAULT_PORT) -> tuple[grpc.aio.Server, TraceService, int]:
     """Serve the trace service on host:port (0 = a free port); returns (server, service, bound port).
@@ -65,7 +71,8 @@ async def start_grpc_receiver(sink: Sink, host: str = "127.0.0.1",
         why = "address in use or not available"
     if not bound:
         await server.stop(None)
-        raise SourceUnavailable(f"cannot listen for OTLP/gRPC on {host}:{port}: {why}")
+        raise PortUnavailable(f"--otlp-grpc-receiver {host}:{port}: cannot listen for OTLP/gRPC there ({why}); "
+                              "choose another HOST:PORT")
     await server.start()
     sink.source_status(NAME, True, f"OTLP/gRPC traces on {host}:{bound}")
     return server, service, bound

@@ -130,7 +130,7 @@ def _nothing_to_diagnose(prep: Prepared, capture: Capture) -> str | None:
         return (f"the server was down the whole time ({len(down)} server-down event{'s' * (len(down) > 1)}, "
                 "no request and no engine metrics recorded)")
     if not (len(prep.engine_t) or len(prep.gpu_t) or len(prep.host_t)):
-        rng = getattr(capture, "range_text", None)
+        rng = capture.range_text
         return f"no requests and no samples{' in ' + rng if rng else ''}"
     if not len(prep.engine_t) and not len(prep.gpu_t):
         return "no requests, no engine metrics and no GPU samples (only host samples): nothing a rule judges"

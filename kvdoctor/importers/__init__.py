@@ -112,11 +112,23 @@ def num(value: Any, where: str, *, allow_none: bool = True) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         if isinstance(value, str):
             try:
-                return float(value)
+                f = float(value)
             except ValueError:
                 pass
+            else:
+                return _finite(f, value, where)
         raise InputError(f"{where}: expected a number, got {describe(value)}")
-    return float(value)
+    try:
+        return _finite(float(value), value, where)
+    except OverflowError:  # an integer beyond any float (10**400)
+        raise InputError(f"{where}: expected a number within ±1e308, got {describe(value)}") from None
+
+
+def _finite(f: float, value: Any, where: str) -> float:
+    """NaN and infinities are no measurement ("Infinity" tokens, 1e999 seconds): refused where read."""
+    if f != f or f in (float("inf"), float("-inf")):
+        raise InputError(f"{where}: expected a finite number, got {describe(value)}")
+    return f
 
 
 def integer(value: Any, where: str, *, allow_none: bool = True) -> int | None:

@@ -86,6 +86,8 @@ def _header(path: Path, delimiter: str) -> list[str]:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: not UTF-8 text; expected a CSV file") from None
+    except pycsv.Error as e:  # a header field longer than the csv module's 131,072-character limit, a NUL byte
+        raise InputError(f"{path}: line 1: {e}; expected a header row naming the columns") from None
     if not row:
         raise InputError(f"{path}: empty; expected a header row naming the columns")
     return [c.strip() for c in row]

@@ -63,6 +63,8 @@ def _record(path: Path, item: Any, i: int, rid: str) -> RequestRecord:
                          f"keys are {', '.join(sorted(item)[:10])}")
     code = item.get("error_code")
     msg = item.get("error_msg") or None
+    if msg is not None and not isinstance(msg, str):
+        msg = str(msg)[:1000]  # a number or a list where text was expected: kept as text, not trusted
     if code is not None:
         code = integer(code, f"{where}.error_code")
     flagged = code is not None or msg is not None
@@ -98,10 +100,17 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
     has_start = any(isinstance(x, dict) and x.get("start_time") is not None for x in first[:50])
 
     def records() -> Iterator[RequestRecord]:
+        short = total = 0
         for n, path in enumerate(paths):
             data = first if n == 0 else _load(path)
             for i, item in enumerate(data):
-                yield _record(path, item, i, request_id_for(len(paths), path.stem, i))
+                rec = _record(path, item, i, request_id_for(len(paths), path.stem, i))
+                total += 1
+                short += rec.status == "ok" and rec.error is not None
+                yield rec
+        if short:  # the capture's readers say it too, on every output (kvdoctor/capture/reader.py)
+            notes.append(f"{short} of {total} requests ended before max_tokens (llmperf's \"Output too few tokens\"): "
+                         "completed, not failures; throughput figures are per actual output")
 
     notes = ["llmperf inter_token_latency_s (≈ e2e/output tokens, TTFT included) not stored; "
              "TPOT derived as (e2e - ttft)/(output_tokens - 1)"]

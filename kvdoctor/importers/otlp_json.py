@@ -57,20 +57,22 @@ def _attr_num(attrs: dict[str, Any], key: str) -> float | None:
         return None
     if isinstance(v, bool):
         raise InputError(f"attribute {key}: expected a number, got {describe(v)}")
-    if isinstance(v, (int, float)):
-        return float(v)
     try:
-        return float(v)
-    except (TypeError, ValueError):
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"attribute {key}: expected a number, got {describe(v)}") from None
+    if f != f or f in (float("inf"), float("-inf")):  # a doubleValue of "Infinity" or "NaN" (protobuf JSON allows them)
+        raise InputError(f"attribute {key}: expected a finite number, got {describe(v)}")
+    return f
 
 
 def _attr_int(attrs: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    """A count (tokens, an HTTP status): a whole number, not negative."""
     for key in keys:
         f = _attr_num(attrs, key)
         if f is not None:
-            if f != f or f != int(f):
-                raise InputError(f"attribute {key}: expected a whole number, got {describe(attrs[key])}")
+            if f != int(f) or f < 0:
+                raise InputError(f"attribute {key}: expected a whole number of 0 or more, got {describe(attrs[key])}")
             return int(f)
     return None
 

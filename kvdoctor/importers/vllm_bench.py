@@ -156,11 +156,12 @@ def read(paths: list[Path], options: dict[str, Any]) -> Imported:
             notes.append("no start_times in the result (vLLM before they were saved): request arrivals "
                          "unknown, time-based views are unavailable")
 
-    models = {r.get("model_id") for r in first if r.get("model_id")}
+    models = {r.get("model_id") for r in first if isinstance(r.get("model_id"), str) and r.get("model_id")}
     if len(models) > 1:
         notes.append(f"runs use several models ({', '.join(sorted(models))}); meta.model is the first")
     bench = {k: run0[k] for k in _RUN_META if k in run0}
-    meta = CaptureMeta(clock="relative", origin=f"import:{NAME}", model=run0.get("model_id"),
+    model = run0.get("model_id") if isinstance(run0.get("model_id"), str) else None
+    meta = CaptureMeta(clock="relative", origin=f"import:{NAME}", model=model,
                        arrivals_known=_origin(run0) is not None,
                        config={"benchmark": {"tool": "vllm bench serve", **bench}} if bench else {})
     return Imported(meta=meta, records=records(), notes=notes)

@@ -24,6 +24,10 @@ class Setup:
     #: seconds between evaluations; None: the window over 300, at least 2 s
     step_s: float | None = None
     slo: dict[str, float] = field(default_factory=dict)
+    #: the rest of the objectives (--workload, --slo-file, --no-default-slo), as Options takes them
+    workload: str | None = None
+    slo_file: str | None = None
+    default_objectives: bool = True
     bearer_token: str | None = None
     timeout_s: float = 30.0
     group_by: str = "instance"
@@ -69,7 +73,8 @@ def diagnose_instance(setup: Setup, instance: str, since_s: float, now_s: float)
             f"no engine metrics for {setup.group_by}={instance!r} in the window"
         res.error = f"Prometheus {setup.prometheus}: {why}"
         return res
-    opts = Options(lookback_s=min(setup.lookback_s, span), step_s=step, slo=setup.slo)
+    opts = Options(lookback_s=min(setup.lookback_s, span), step_s=step, slo=setup.slo, workload=setup.workload,
+                   slo_file=setup.slo_file, default_objectives=setup.default_objectives)
     diag = diagnose(capture_for(data, instance), engine_rules(setup.rules), opts)
     res.text = summary_text(diag)
     res.top_rule = diag.incidents[0].causes[0].rule.id if diag.incidents else None

@@ -164,26 +164,37 @@ def nvml_gpu() -> tuple[str, float] | None:
         return None
 
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 1e3, "kib": 2**10, "ki": 2**10, "m": 2**20, "mb": 1e6, "mib": 2**20,
-          "mi": 2**20, "g": 2**30, "gb": 1e9, "gib": 2**30, "gi": 2**30, "t": 2**40, "tb": 1e12, "tib": 2**40, "ti": 2**40}
-
-
 def parse_bytes(text: str, field: str) -> float:
-    """'80GiB' (binary), '80GB' (decimal), '80G' (binary); a bare number must be bytes >= 1 MiB."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m.group(2).lower() if m else None
-    if m and not unit and float(m.group(1)) == 0:
-        return 0.0
-    if not m or unit not in _UNITS or (not unit and float(m.group(1)) < MiB):
-        raise InputError(f"{field}: cannot read {text!r} as a size; expected e.g. 80GiB, 80GB or 24576MiB")
-    return float(m.group(1)) * _UNITS[unit]
+    """'80GiB' (binary), '80GB' (decimal), '80G' (binary), through the one size parser
+    (kvdoctor.units.parse_size); a bare number must be bytes >= 1 MiB (a bare "80" is a slip)."""
+    from ..units import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise InputError(f"{field}: cannot read {text!r} as a size ({e}); expected e.g. 80GiB, 80GB or 24576MiB") from None
+    bare = re.fullmatch(r"\s*[0-9.e+-]+\s*", str(text).lower()) is not None
+    if bare and 0 < value < MiB:
+        raise InputError(f"{field}: {text!r} bytes is less than 1 MiB; give the unit, e.g. {str(text).strip()}GiB")
+    return value
+
+
+#: parameter counts a served model has: from ~100 million (SmolLM2-135M) to a few trillion
+MIN_PARAMS, MAX_PARAMS = 1e6, 1e14
 
 
 def parse_count(text: str, field: str) -> float:
+    """A parameter count: ``8B``, ``70.6B``, ``135M``, ``8.03e9``; a count outside
+    [MIN_PARAMS, MAX_PARAMS] (``8`` meant as 8B) is refused rather than planned with."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*", str(text).lower())
     if not m:
         raise InputError(f"{field}: cannot read {text!r} as a count; expected e.g. 8B, 70.6B or 8.03e9")
-    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2)]
+    value = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2)]
+    if not MIN_PARAMS <= value <= MAX_PARAMS:
+        hint = f"; did you mean {str(text).strip()}B?" if not m.group(2) and float(m.group(1)) < 1e4 else ""
+        raise InputError(f"{field}: {text!r} is {value:,.0f} parameters, not a model's size (expected "
+                         f"{MIN_PARAMS:.0e} to {MAX_PARAMS:.0e}, e.g. 8B or 135M){hint}")
+    return value
 
 
 def resolve_model(text: str) -> ModelSpec:

@@ -32,7 +32,20 @@ def resolve_gpu(gpu_mem: str | None) -> tuple[str | None, float] | None:
     """--gpu-mem as a size or a GPU name; without it, NVML when a GPU is present; else None."""
     if gpu_mem:
         named = gpu_memory(gpu_mem)
-        return named if named else (None, parse_bytes(gpu_mem, "--gpu-mem"))
+        if named:
+            return named
+        from ..units import parse_size
+        from .models import GPUS
+
+        try:
+            parse_size(gpu_mem)
+        except ValueError:
+            raise InputError(f"--gpu-mem {gpu_mem!r}: neither a size (80GiB, 80GB) nor a known GPU; GPUs: "
+                             f"{', '.join(GPUS)}") from None
+        size = parse_bytes(gpu_mem, "--gpu-mem")
+        if size <= 0:
+            raise InputError(f"--gpu-mem {gpu_mem!r}: expected the GPU's memory, above 0 (e.g. 80GiB)")
+        return None, size
     return nvml_gpu()
 
 
