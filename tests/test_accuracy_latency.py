@@ -209,10 +209,16 @@ def test_prefill_stalls_are_not_bandwidth(tmp_path):
         assert "decode-stall-tail" in causes and "decode-bandwidth-bound" not in causes, (gpu, sorted(causes))
 
 
-def test_cpu_server_names_the_cpu():
-    """llama.cpp on a CPU (samples/concurrency, no GPU in the capture): the verdict names the CPU."""
-    c = _causes(diagnose(kvdoctor.load(SAMPLES / "concurrency")))["decode-bandwidth-bound"]
-    assert "CPU" in c.cause and c.confidence <= 0.5
+def test_cpu_server_is_a_hypothesis_to_measure_not_a_bandwidth_verdict():
+    """llama.cpp on 2 CPU threads (samples/concurrency, no GPU): the labels call its TPOT growth
+    compute-bound (tests/labels.yaml: far beyond what the bytes per step explain). Where
+    decode-bandwidth-bound speaks there, it is a hypothesis: it names the CPU, stays at 50% or
+    under, its first step is a measurement (never a KV-precision change), and it pages nobody."""
+    diag = diagnose(kvdoctor.load(SAMPLES / "concurrency"))
+    c = _causes(diag).get("decode-bandwidth-bound")
+    if c is not None:
+        assert "CPU" in c.cause and c.confidence <= 0.5 and c.measure, c
+        assert c.effective_severity == "info"
 
 
 # -- class 4: a decode-stall tail ---------------------------------------------------------------
@@ -236,9 +242,14 @@ def test_decode_stall_tail_on_public_run(tmp_path):
     assert np.median(overlap_s[slow]) > 2 * np.median(overlap_s[~slow])
 
 
-def test_no_decode_stall_on_healthy_real_server():
-    for name in ("healthy", "healthy-again"):
-        assert "decode-stall-tail" not in _causes(diagnose(kvdoctor.load(SAMPLES / name)))
+def test_no_decode_stall_on_real_runs_without_stalls():
+    """Real llama.cpp runs whose decodes no prefill or neighbour stalls (the labels give none):
+    decode-stall-tail was evaluated on them (60 and 116 requests, over its 50) and stays silent.
+    (samples/healthy, 40 requests, is under its minimum: it could not fire there at all.)"""
+    for name in ("multi-turn", "concurrency"):
+        diag = diagnose(kvdoctor.load(SAMPLES / name))
+        assert "decode-stall-tail" not in {n.rule for n in diag.not_evaluated}, name
+        assert "decode-stall-tail" not in _causes(diag), name
 
 
 # -- class 6: a fit needs spread -----------------------------------------------------------------

@@ -160,9 +160,25 @@ def test_cpu_server_chunking_is_not_promised_to_help_tpot():
 def test_decode_dominated_short_prompts_get_a_plain_no():
     a = advise(kvdoctor.load(SAMPLES / "healthy"))
     assert a["decode_share"] > 0.5
-    for k in ("chunked_prefill", "disaggregation", "tiering"):
+    for k in ("chunked_prefill", "tiering"):
         assert a[k]["verdict"] == "not worth it", (k, a[k]["reason"])
-    assert a["summary"] == "none of the three is worth it on this workload"
+    # llama.cpp has no disaggregated serving: no verdict on an option it cannot take
+    assert a["disaggregation"]["verdict"] == "not available" and "llama.cpp" in a["disaggregation"]["reason"]
+    assert a["summary"] == "none of the options is worth it on this workload"
+
+
+def test_options_come_cheapest_first_and_only_those_the_engine_has():
+    """Issue 31.8: on llama.cpp disaggregation is never a verdict; on vLLM it may be, after the
+    cheaper options (the summary and the text list chunked prefill, tiering, disaggregation)."""
+    from kvdoctor.advise import render_text
+
+    llama = advise(kvdoctor.load(SAMPLES / "long-prompts"))
+    assert llama["disaggregation"]["verdict"] == "not available" and "disaggregation" not in llama["summary"]
+    text = render_text(llama)
+    assert text.splitlines()[0].startswith("Verdict: ") and "Compute time" in text and "GPU time" not in text
+    assert text.index("(a) chunked prefill") < text.index("(b) length tiering") < text.index("(c) PD disaggregation")
+    vllm = advise(kvdoctor.load(SAMPLES / "vllm-prefill-unchunked"))
+    assert vllm["disaggregation"]["verdict"] != "not available" and vllm["order"] == ["chunked_prefill", "tiering", "disaggregation"]
 
 
 def test_long_prompt_tail_recommends_tiering_with_pool_sizes():
@@ -199,7 +215,7 @@ def test_cli_json_fields_and_help():
     a = orjson.loads(r.output)
     assert math.isclose(a["prefill_share"] + a["decode_share"], 1.0, abs_tol=1e-3)
     for k in ("chunked_prefill", "disaggregation", "tiering"):
-        assert a[k]["verdict"] in ("worth it", "may help", "not worth it", "unknown")
+        assert a[k]["verdict"] in ("worth it", "may help", "not worth it", "unknown", "not available", "already on")
         assert a[k]["assumptions"]
     h = CliRunner().invoke(cli, ["advise", "--help"])
     assert "Examples" in h.output and "--gpu-mem" in h.output

@@ -8,7 +8,7 @@ import yaml
 
 from kvdoctor.diagnosis import conditions as C
 from kvdoctor.diagnosis.rules import builtin_rules_dir, load_rule, load_rules, parse_overrides
-from kvdoctor.errors import RuleError
+from kvdoctor.errors import InputError, RuleError
 from kvdoctor.signals import REGISTRY
 
 REQUIRED_IDS = {"prefill-bound", "decode-bandwidth-bound", "kv-growth-per-turn", "kv-oom", "kv-quant-quality",
@@ -115,10 +115,13 @@ def test_user_rules_folder_overrides_and_params(tmp_path):
     rules = {r.id: r for r in load_rules([tmp_path / "rules"], parse_overrides(["prefill-bound.min_corr=0.9"]))}
     assert rules["prefill-bound"].title == "My own prefill rule"
     assert rules["prefill-bound"].params["min_corr"] == 0.9
-    with pytest.raises(RuleError, match="no such parameter"):
+    # a bad --set is bad input (exit 2), not a bad rule file (exit 3)
+    with pytest.raises(InputError, match="has no parameter 'nope'"):
         load_rules(overrides=parse_overrides(["prefill-bound.nope=1"]))
-    with pytest.raises(RuleError, match="expected RULE.PARAM=NUMBER"):
+    with pytest.raises(InputError, match="expected RULE.PARAM=NUMBER"):
         parse_overrides(["prefill-bound.min_corr"])
+    with pytest.raises(InputError, match="no rule with id"):
+        load_rules(overrides=parse_overrides(["no-such-rule.x=1"]))
 
 
 def test_conditions_evaluate_and_unknown_is_false():
@@ -503,3 +506,25 @@ def test_source_signals_named_for_not_evaluated_exist():
     from kvdoctor.diagnosis.coverage import SOURCE_NEEDS
 
     assert set(SOURCE_NEEDS) <= set(REGISTRY), sorted(set(SOURCE_NEEDS) - set(REGISTRY))
+
+
+def test_every_no_fire_case_is_one_the_rule_could_fire_on():
+    """A must-not-fire case proves something only where the rule was evaluated: enough requests
+    for its minimum, and every source its symptom needs present (not listed under "not
+    evaluated"). A capture the rule cannot judge is no evidence that it stays silent."""
+    import kvdoctor
+    from kvdoctor.diagnosis import diagnose
+    from kvdoctor.diagnosis.selftest import resolve_case, split_case
+
+    rules = load_rules()
+    seen: dict[str, object] = {}
+    bad = []
+    for rule in rules:
+        for case in rule.tests_no_fire:
+            if case not in seen:
+                path, opts = split_case(case)
+                seen[case] = diagnose(kvdoctor.load(resolve_case(rule, case)), rules, opts)
+            lacking = [n for n in seen[case].not_evaluated if n.rule == rule.id]
+            if lacking:
+                bad.append(f"{rule.id}: {case} ({'; '.join(lacking[0].needs)})")
+    assert not bad, "no_fire cases the rule cannot judge:\n" + "\n".join(bad)

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from ..engines.labels import ENGINE_KNOB, ENGINE_LABEL
 from ..errors import InputError
 from ..signals import Prepared, Window
 from . import options
@@ -64,16 +65,14 @@ def advise(cap, model: str | None = None, gpu_mem: str | None = None) -> dict:
         gpu = resolve_gpu(gpu_mem) if gpu_mem else None
     st = options.stall_figures(w)
     p_lo, p_mid, p_hi = split.share("prefill")
-    if cap.meta.engine in options.NO_DISAGGREGATION_ENGINES:
-        result_note = (f"{cap.meta.engine} has no disaggregated serving: moving to vLLM, SGLang or TensorRT-LLM "
-                       "is part of its cost")
-    else:
-        result_note = None
+    engine = ENGINE_KNOB.get((cap.meta.engine or "").lower())
     tier = options.tiering(w, None)
     if "split_tokens" in tier:
         tier["pools"] = _pools(w, tier["split_tokens"], spec, gpu)
+    on_gpu = w.value("gpu_seen") != 0
     result = {
-        "capture": str(cap.path), "requests": split.requests, "busy_s": round(split.busy_s, 3),
+        "capture": str(cap.path), "engine": engine, "requests": split.requests, "busy_s": round(split.busy_s, 3),
+        "time_basis": "GPU time" if on_gpu else "compute time",
         "prefill_share": round(p_mid, 4), "decode_share": round(1 - p_mid, 4),
         "prefill_share_range": options._rng(p_lo, p_hi, 4),
         "prefill_gpu_s": round(split.prefill_gpu_s[1], 3), "decode_gpu_s": round(split.decode_gpu_s[1], 3),
@@ -86,15 +85,46 @@ def advise(cap, model: str | None = None, gpu_mem: str | None = None) -> dict:
                                                  w.value("tpot_prefill_interference_corr")),
         "tiering": tier,
     }
-    if result_note:
-        result["disaggregation"]["assumptions"].append(result_note)
-        if result["disaggregation"]["verdict"] == "worth it":
-            result["disaggregation"]["reason"] += f" ({result_note})"
-    worth = [k for k in ("chunked_prefill", "disaggregation", "tiering") if result[k]["verdict"] == "worth it"]
-    result["summary"] = ("none of the three is worth it on this workload" if not worth and all(
-        result[k]["verdict"] == "not worth it" for k in ("chunked_prefill", "disaggregation", "tiering"))
-        else ("worth it: " + ", ".join(worth) if worth else "nothing clearly worth it; see each option"))
+    _engine_limits(result, engine, prep)
+    # cheapest first: a flag (chunked prefill), then a second pool behind a router (tiering), then
+    # two instance types with a KV transfer between them (disaggregation)
+    options_by_cost = [k for k in COST_ORDER if result[k]["verdict"] not in ("not available", "already on")]
+    worth = [k for k in options_by_cost if result[k]["verdict"] == "worth it"]
+    result["order"] = list(COST_ORDER)
+    judged = [result[k]["verdict"] for k in options_by_cost]
+    result["summary"] = ("none of the options is worth it on this workload" if judged and all(v == "not worth it" for v in judged)
+                         else (f"worth it, cheapest first: {', '.join(LABELS[k] for k in worth)}" if worth
+                               else "nothing clearly worth it; see each option"))
     return result
+
+
+#: the options from cheapest to dearest to put in place
+COST_ORDER = ("chunked_prefill", "tiering", "disaggregation")
+LABELS = {"chunked_prefill": "chunked prefill", "tiering": "length tiering", "disaggregation": "PD disaggregation"}
+
+
+def _engine_limits(result: dict, engine: str | None, prep: Prepared) -> None:
+    """What the recorded engine cannot do is no verdict (llama.cpp and TGI have no disaggregated
+    serving), and what it already does is said as such (chunked prefill at or under the budget)."""
+    from ..engines.capabilities import has_feature
+    from ..signals.config import effective
+
+    d = result["disaggregation"]
+    if engine and has_feature(engine, "pd_disaggregation") is False:
+        d["assumptions"].append(f"{ENGINE_LABEL[engine]} has no disaggregated serving")
+        d["verdict"], d["reason"] = "not available", (f"{ENGINE_LABEL[engine]} has no disaggregated serving "
+                                                     f"(moving to vLLM, SGLang or TensorRT-LLM would be the change)")
+    c = result["chunked_prefill"]
+    eff = effective(prep)
+    on, budget = eff.get("chunked_prefill", (None, ""))[0], eff.get("max_batched_tokens", (None, ""))[0]
+    want = (c.get("budget_tokens") or [None, None])[1]
+    if on and isinstance(budget, int) and want is not None and c["verdict"] in ("worth it", "may help"):
+        where = eff["max_batched_tokens"][1].split(" [", 1)[0]
+        if budget <= want:
+            c["verdict"] = "already on"
+            c["reason"] = f"chunked prefill is on with a {budget:,}-token budget ({where}), within the {want:,.0f} suggested; {c['reason']}"
+        else:
+            c["reason"] = f"chunked prefill is on with a {budget:,}-token budget ({where}): a smaller one; {c['reason']}"
 
 
 def _pct(r) -> str:
@@ -106,23 +136,18 @@ def _pct(r) -> str:
 
 
 def render_text(a: dict) -> str:
-    lines = [f"kvdoctor advise · {a['capture']} · {a['requests']} requests · busy {a['busy_s']:.1f} s",
-             f"GPU time: prefill {a['prefill_share']:.0%} (range {a['prefill_share_range'][0]:.0%}-"
-             f"{a['prefill_share_range'][1]:.0%}), decode {a['decode_share']:.0%}",
-             f"Verdict: {a['summary']}", ""]
+    basis = a.get("time_basis", "GPU time")
+    engine = ENGINE_LABEL.get(a.get("engine") or "", "engine unknown")
+    lines = [f"Verdict: {a['summary']}",
+             f"kvdoctor advise · {a['capture']} · {engine} · {a['requests']} requests · busy {a['busy_s']:.1f} s",
+             f"{basis[0].upper()}{basis[1:]}: prefill {a['prefill_share']:.0%} (range {a['prefill_share_range'][0]:.0%}-"
+             f"{a['prefill_share_range'][1]:.0%}), decode {a['decode_share']:.0%}", ""]
     c, d, t = a["chunked_prefill"], a["disaggregation"], a["tiering"]
     lines.append(f"(a) chunked prefill: {c['verdict']} — {c['reason']}")
-    if "tpot_change" in c:
+    if "tpot_change" in c and c["verdict"] != "already on":
         lines.append(f"    stalls {_pct(c['stall_change'])}, TPOT {_pct(c['tpot_change'])}, long-prompt TTFT "
                      f"+{c['ttft_long_added_s'][0]:.3f}-{c['ttft_long_added_s'][1]:.3f} s")
-    lines.append(f"(b) PD disaggregation: {d['verdict']} — {d['reason']}")
-    lines.append(f"    prefill:decode GPU time {d['prefill_decode_ratio']} (range {d['prefill_decode_ratio_range'][0]}-"
-                 f"{d['prefill_decode_ratio_range'][1]}) -> {d['instances']['prefill']} prefill : "
-                 f"{d['instances']['decode']} decode instances" + (f", TPOT {_pct(d['tpot_change'])}" if d.get("tpot_change") else ""))
-    if d.get("kv_transfer_s_p50_prompt"):
-        k = d["kv_transfer_s_p50_prompt"]
-        lines.append(f"    KV transfer of a median prompt adds {k[0] * 1e3:.1f}-{k[1] * 1e3:.1f} ms to TTFT")
-    lines.append(f"(c) length tiering: {t['verdict']} — {t['reason']}")
+    lines.append(f"(b) length tiering: {t['verdict']} — {t['reason']}")
     if "split_tokens" in t:
         lines.append(f"    split at {t['split_tokens']:,} prompt tokens ({t['long_frac']:.0%} long); short TTFT "
                      f"{_pct(t['short_ttft_change'])}, short TPOT {_pct(t['short_tpot_change'])}")
@@ -133,5 +158,14 @@ def render_text(a: dict) -> str:
             conc = f", {p['safe_concurrency']} safe concurrent" if "safe_concurrency" in p else ""
             lines.append(f"    {name} pool: P99 {p['p99_len_tokens']:,} tokens, "
                          f"{p['kv_bytes_per_sequence'] / 2**20:.0f} MiB KV per sequence{conc}")
+    lines.append(f"(c) PD disaggregation: {d['verdict']} — {d['reason']}")
+    if d["verdict"] != "not available":
+        lines.append(f"    prefill:decode {basis} {d['prefill_decode_ratio']} (range {d['prefill_decode_ratio_range'][0]}-"
+                     f"{d['prefill_decode_ratio_range'][1]}) -> {d['instances']['prefill']} prefill : "
+                     f"{d['instances']['decode']} decode instances" + (f", TPOT {_pct(d['tpot_change'])}" if d.get("tpot_change") else ""))
+        if d.get("kv_transfer_s_p50_prompt"):
+            k = d["kv_transfer_s_p50_prompt"]
+            lines.append(f"    KV transfer of a median prompt adds {k[0] * 1e3:.1f}-{k[1] * 1e3:.1f} ms to TTFT")
     lines += ["", "Assumptions and method: docs/advise.md (each option's list is in --format json)."]
     return "\n".join(lines) + "\n"
+

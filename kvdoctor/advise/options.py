@@ -23,7 +23,7 @@ WORTH_STALL_SHARE = 1 / 3
 #: below this share of decode time prefills' stalls are noise against a shared host's jitter
 MINOR_STALL_SHARE = 0.1
 #: engines (capture meta.engine) with no prefill/decode disaggregation of their own
-NO_DISAGGREGATION_ENGINES = ("llamacpp", "tgi")
+NO_DISAGGREGATION_ENGINES = ("llamacpp", "tgi")  # kvdoctor/engines/capabilities.py is the source; a test keeps them equal
 #: chunk budgets (tokens of prefill per step) the estimate spans when today's chunk is larger:
 #: vLLM's default 2048 for chunked prefill down to 512, the range Sarathi-Serve evaluates
 CHUNK_BUDGETS_TOKENS = (512, 2048)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import jsonschema
 import yaml
 
-from ..errors import RuleError
+from ..errors import InputError, RuleError
 from ..signals import REGISTRY
 from ..timeparse import parse_duration  # noqa: F401 - the commands import it from here
 from . import conditions as C
@@ -267,7 +267,8 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
     params = dict(raw.get("params") or {})
     for key, value in (overrides or {}).items():
         if key not in params:
-            raise _fail(path, rule_id, f"params.{key}", f"no such parameter to override; known: {', '.join(params) or 'none'}")
+            # a bad --set is bad input (exit 2), not a bad rule file
+            raise InputError(f"--set {rule_id}.{key}: rule {rule_id} has no parameter {key!r}; known: {', '.join(params) or 'none'}")
         params[key] = value
     known = set(REGISTRY)
 
@@ -356,7 +357,7 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dict[str, f
     for item in items:
         m = re.fullmatch(r"([a-z][a-z0-9-]*)\.([a-z_][a-z0-9_]*)=(-?\d+(?:\.\d+)?)", item.strip())
         if not m:
-            raise RuleError(f"--set {item!r}: expected RULE.PARAM=NUMBER, e.g. prefill-bound.min_corr=0.5")
+            raise InputError(f"--set {item!r}: expected RULE.PARAM=NUMBER, e.g. prefill-bound.min_corr=0.5")
         out.setdefault(m[1], {})[m[2]] = float(m[3])
     return out
 
@@ -375,7 +376,7 @@ def load_rules(extra_dirs: list[Path] | tuple[Path, ...] = (), overrides: dict[s
             by_id[rule.id] = rule
     unknown = set(overrides) - set(by_id)
     if unknown:
-        raise RuleError(f"--set: no rule with id {', '.join(sorted(unknown))}")
+        raise InputError(f"--set: no rule with id {', '.join(sorted(unknown))}")
     for rule in by_id.values():
         for other in rule.suppressed_by:
             if other not in by_id:

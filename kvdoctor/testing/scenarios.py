@@ -109,7 +109,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              # long enough (~45 s on an idle 2-core machine) for the rules' 30 s hold time
              (Phase(lambda: _fixed(loadgen.short_prompts(20, max_tokens=64)), concurrency=1),
               Phase(lambda: _fixed(loadgen.short_prompts(96, max_tokens=64, seed=5)), concurrency=8)),
-             expect="decode-bandwidth-bound", n_ctx=8 * 1024, parallel=8),
+             # on 2 CPU threads decode is compute-bound (tests/labels.yaml), within the TPOT objective:
+             # no incident; decode-bandwidth-bound may say its CPU hypothesis as an observation
+             expect=None, n_ctx=8 * 1024, parallel=8),
     Scenario("context-overflow", "small context, long requests at concurrency: rejected for lack of KV space",
              (Phase(lambda: _fixed(_mix(loadgen.long_prompts(20, tokens=250, max_tokens=32),
                                         loadgen.long_prompts(20, tokens=700, max_tokens=32, seed=3), every=1)),
