@@ -42,7 +42,7 @@ def test_every_record_field_is_read_as_written(tmp_path):
     field but the opt-in text comes back, GpuSample.uuid and HostSample.host_cpu_count included."""
     import dataclasses
 
-    from kvdoctor.capture.reader import SCHEMAS
+    from kvdoctor.capture.columns import SCHEMAS
     from kvdoctor.model import HostSample
 
     for kind, record in (("requests", RequestRecord), ("gpu", GpuSample), ("host", HostSample)):

@@ -167,7 +167,9 @@ def _read_table(folder: Path, kind: str, warnings: list[str]) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def _read_dicts(folder: Path, kind: str, warnings: list[str]) -> list[dict[str, Any]]:
+def read_dicts(folder: Path, kind: str, warnings: list[str]) -> list[dict[str, Any]]:
+    """Every readable record of one stream (``engine``, ``events``, ...) as a dict, in segment order;
+    each unreadable line skipped with a warning appended to ``warnings``."""
     out = []
     for seg in segments(folder, kind):
         out += _whole_lines(seg, seg.read_bytes(), warnings)[0]
