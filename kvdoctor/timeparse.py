@@ -1,5 +1,5 @@
 """Instants and durations as people type them: epoch seconds or ISO 8601 (a time without a
-zone is UTC); 500ms, 30s, 5m, 2h, 1d, 1w."""
+zone is UTC); 500ms, 30s, 5m, 2h, 1d, 1w. And instants as kvdoctor writes them (:func:`iso_utc`)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -31,3 +31,9 @@ def epoch_or_iso(value: str) -> float | None:
     if t.tzinfo is None:
         t = t.replace(tzinfo=dt.timezone.utc)
     return t.timestamp()
+
+
+def iso_utc(t: float) -> str:
+    """Epoch seconds as ISO 8601 UTC to the second, the one way kvdoctor writes an instant:
+    ``2026-11-30T10:37:10Z``."""
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
