@@ -194,6 +194,30 @@ _VALUES = _mostly([b"x", b"", b" a ", b"a, b", b"Bearer k", b"0", b"3", b"chunke
                    b"identity", b"upgrade", b"a\x00b", b"caf\xc3\xa9", b"a\rb", b"\x7f"], 0.15)
 
 
+def _frame(draw, headers: list, body: bytes, unframed: str, codings, trailers: bool = False) -> bytes:
+    """``body`` as drawn framed: Content-Length (right, or a few bytes off), chunked (the odd size
+    spelling now and then; a trailer on a request), both, or neither (``unframed``: a request's body
+    is then the next request's start, a response's ends with the connection). The framing headers
+    are appended to ``headers``."""
+    framing = draw(_mostly(["length", "chunked", unframed], ["bad-length", "both"], 0.1))
+    if framing in ("length", "both"):
+        headers.append((b"Content-Length", b"%d" % len(body)))
+    elif framing == "bad-length":
+        headers.append((b"Content-Length", b"%d" % (len(body) + draw(st.sampled_from([-1, 1, 100])))))
+    if framing not in ("chunked", "both"):
+        return body
+    headers.append((b"Transfer-Encoding", draw(codings)))
+    cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=3)))
+    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]) if b > a]
+    size = draw(_mostly([b"%x", b"%X", b"%04x", b"%x;ext=1"], [b"%x ", b"%x;e=\"q\"", b"-%x", b"%x;"]))
+    body = b"".join(size % len(c) + b"\r\n" + c + b"\r\n" for c in chunks) + b"0\r\n"
+    if not trailers:
+        return body + b"\r\n"
+    trailer = draw(_mostly([b"", b"X-T: 1\r\n", b"X-Forwarded-For: 10.0.0.1\r\n"],
+                           [b"Content-Length: 5\r\n", b"Bad Trailer\r\n"], 0.2))
+    return body + trailer + draw(_mostly([b"\r\n"], [b""]))
+
+
 @st.composite
 def http_requests(draw) -> bytes:
     """One request, mostly well-formed (so messages get compared), with the odd part drawn in."""
@@ -201,21 +225,7 @@ def http_requests(draw) -> bytes:
     head = draw(_METHODS) + b" " + draw(_TARGETS) + b" " + draw(_VERSIONS) + eol
     headers = [(b"Host", b"x")] if draw(st.integers(0, 9)) else []
     headers += draw(st.lists(st.tuples(_NAMES, _VALUES), max_size=4))
-    body = draw(st.binary(max_size=24))
-    framing = draw(_mostly(["length", "chunked", "none"], ["bad-length", "both"], 0.1))
-    if framing in ("length", "both"):
-        headers.append((b"Content-Length", b"%d" % len(body)))
-    elif framing == "bad-length":
-        headers.append((b"Content-Length", b"%d" % (len(body) + draw(st.sampled_from([-1, 1, 100])))))
-    if framing in ("chunked", "both"):
-        headers.append((b"Transfer-Encoding", b"chunked"))
-        cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=3)))
-        chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]) if b > a]
-        size = draw(_mostly([b"%x", b"%X", b"%04x", b"%x;ext=1"], [b"%x ", b"%x;e=\"q\"", b"-%x", b"%x;"]))
-        body = b"".join(size % len(c) + b"\r\n" + c + b"\r\n" for c in chunks)
-        trailer = draw(_mostly([b"", b"X-T: 1\r\n", b"X-Forwarded-For: 10.0.0.1\r\n"],
-                               [b"Content-Length: 5\r\n", b"Bad Trailer\r\n"], 0.2))
-        body += b"0\r\n" + trailer + draw(_mostly([b"\r\n"], [b""]))
+    body = _frame(draw, headers, draw(st.binary(max_size=24)), "none", st.just(b"chunked"), trailers=True)
     sep = draw(_mostly([b": ", b":"], [b":  ", b" : "]))
     return head + b"".join(k + sep + v + eol for k, v in headers) + eol + body
 
@@ -329,18 +339,8 @@ def http_responses(draw) -> bytes:
     interim = draw(_mostly([b""], [b"HTTP/1.1 103 Early Hints" + eol + b"Link: </a>" + eol + eol,
                                    b"HTTP/1.1 100 Continue" + eol + eol]))
     headers = draw(st.lists(st.tuples(_RESPONSE_NAMES, _VALUES), max_size=3))
-    body = draw(st.binary(max_size=24))
-    framing = draw(_mostly(["length", "chunked", "close"], ["bad-length", "both"], 0.1))
-    if framing in ("length", "both"):
-        headers.append((b"Content-Length", b"%d" % len(body)))
-    elif framing == "bad-length":
-        headers.append((b"Content-Length", b"%d" % (len(body) + draw(st.sampled_from([-1, 1, 100])))))
-    if framing in ("chunked", "both"):
-        headers.append((b"Transfer-Encoding", draw(_mostly([b"chunked"], [b"gzip, chunked", b"chunked, gzip", b"identity"]))))
-        cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=3)))
-        chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]) if b > a]
-        size = draw(_mostly([b"%x", b"%X", b"%04x", b"%x;ext=1"], [b"%x ", b"-%x", b"%x;"]))
-        body = b"".join(size % len(c) + b"\r\n" + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
+    body = _frame(draw, headers, draw(st.binary(max_size=24)), "close",
+                  _mostly([b"chunked"], [b"gzip, chunked", b"chunked, gzip", b"identity"]))
     sep = draw(_mostly([b": ", b":"], [b":  ", b" : "]))
     return interim + draw(_STATUS_LINES) + eol + b"".join(k + sep + v + eol for k, v in headers) + eol + body
 
