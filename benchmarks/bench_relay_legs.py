@@ -11,10 +11,9 @@ Per request, two legs are stamped, as ``bench_proxy.py`` sees them from outside:
   its write of that chunk to the client (the loop turn that wakes the relay and the head's write
   included).
 
-Variants run interleaved, request by request, so drift hits them alike: ``kvdoctor`` (as shipped: a
-whole plain request is sent on before it is parsed, ``kvdoctor.collect.proxy_plain``, and the
-response written from the upstream's read callbacks, ``kvdoctor.collect.proxy_eager``), ``parsed``
-(the request parsed first, then sent from the read callback) and ``task`` (the response written by
+Variants run interleaved, request by request, so drift hits them alike: ``kvdoctor`` (as shipped: the
+request parsed by llhttp, then sent from the read callback, and the response written from the
+upstream's read callbacks, ``kvdoctor.collect.proxy.eager``) and ``task`` (the response written by
 the handler's task once the loop wakes it). Between requests the CPU caches
 are thrashed (a 32 MiB buffer walked), as on a host where the client, the engine and other processes
 ran since the proxy last did: what the relay costs there is mostly cache misses, ~5x its warm cost.
@@ -35,9 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvdoctor.collect import proxy_eager, upstream  # noqa: E402
-from kvdoctor.collect.proxy import make_proxy  # noqa: E402
-from kvdoctor.collect.proxy_server import _Conn as ClientConn  # noqa: E402
+from kvdoctor.collect.proxy import eager, make_proxy  # noqa: E402
+from kvdoctor.collect.proxy.http import ClientConnection, UpstreamConnection  # noqa: E402
 from kvdoctor.testing.memory_transport import MemoryTransport  # noqa: E402
 
 BODY = (b'{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":'
@@ -86,20 +84,18 @@ async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
     loop = asyncio.get_running_loop()
     server = make_proxy("http://127.0.0.1:9", _Sink())
     proxy = server.proxy
-    fast_step = server.fast
-    client = ClientConn(server)
+    client = ClientConnection(server)
     client.connection_made(MemoryTransport(keep=False))
-    up = upstream._Conn(loop)
+    up = UpstreamConnection(loop)
     up.connection_made(MemoryTransport(keep=False))
     up.used = True
-    variants = ("kvdoctor", "parsed", "task")
-    eager_head = proxy_eager.EagerRelay.head
+    variants = ("kvdoctor", "task")
+    eager_head = eager.EagerRelay.head
     legs: dict[str, dict[str, list[float]]] = {v: {"request": [], "first_chunk": []} for v in variants}
-    for i in range(n + 45):  # the first 45: warm-up, not counted
-        variant = variants[i % 3]
-        server.fast = None if variant == "parsed" else fast_step
+    for i in range(n + 44):  # the first 44: warm-up, not counted
+        variant = variants[i % len(variants)]
         # "task": the hook does nothing, so the task starts the head and writes every chunk
-        proxy_eager.EagerRelay.head = (lambda self, up: None) if variant == "task" else eager_head  # type: ignore
+        eager.EagerRelay.head = (lambda self, up: None) if variant == "task" else eager_head  # type: ignore
         up.idle_since = time.monotonic()
         up.transport = MemoryTransport(keep=False)  # type: ignore[assignment]
         proxy.client._idle.append(up)
@@ -124,11 +120,11 @@ async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
         if t_up is None or up not in proxy.client._idle:
             raise SystemExit(f"request {i} ({variant}) did not go through the pooled connection")
         proxy.client._idle.remove(up)
-        if i >= 45:
+        if i >= 44:
             legs[variant]["request"].append((t_up - t0) * 1e6)
             legs[variant]["first_chunk"].append((t_client - t1) * 1e6)
-    proxy_eager.EagerRelay.head = eager_head  # type: ignore[method-assign]
-    if proxy.stats["fast_path"] != n + 45 - len(range(1, n + 45, 3)) or proxy.stats["records"] != n + 45:
+    eager.EagerRelay.head = eager_head  # type: ignore[method-assign]
+    if proxy.stats["records"] != n + 44:
         raise SystemExit(f"unexpected proxy stats: {proxy.stats}")
     return {v: {f"{leg}_p{q}_us": round(pct(xs, q), 1) for leg, xs in d.items() for q in (50, 90, 99)}
             for v, d in legs.items()}

@@ -27,6 +27,9 @@ class RequestRecord:
     tpot_s: float | None = None
     #: inter-token latencies, one per gap between output chunks (may be omitted for size)
     itl_s: list[float] | None = None
+    #: how many gaps there were, when ``itl_s`` holds only the first ones (the writer caps long lists;
+    #: the ITL summaries below are over all of them)
+    itl_count: int | None = None
     itl_p50_s: float | None = None
     itl_p99_s: float | None = None
     itl_max_s: float | None = None
@@ -44,6 +47,8 @@ class RequestRecord:
     turn: int | None = None
     #: ids of the prompt's prefix blocks, in order; equal ids mean equal prefixes up to that block
     prefix_block_hashes: list[int] | None = None
+    #: how many blocks the prompt had, when ``prefix_block_hashes`` holds only the first ones
+    prefix_blocks_count: int | None = None
     prefix_block_tokens: int | None = None
     #: "ok", "error", "rejected", "cancelled"; "in-flight" only in the live window (not answered yet)
     status: str | None = None

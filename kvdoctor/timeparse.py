@@ -1,6 +1,7 @@
 """Instants and durations as people type them: epoch seconds or ISO 8601 (a time without a
 zone is UTC); 500ms, 30s, 5m, 2h, 1d, 1w. The command line's parsers for both live here
-(kvdoctor/cli/params.py wraps them as click types, so an error names the option)."""
+(kvdoctor/cli/params.py wraps them as click types, so an error names the option), and instants
+as kvdoctor writes them (:func:`iso_utc`)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -102,3 +103,9 @@ def parse_instant(text: str) -> Instant:
         raise ValueError("expected epoch seconds or an ISO time (2026-11-30T08:00:00Z), a duration ago (2h) or "
                          "+DURATION after the start (+10m)")
     return Instant(s, epoch_s=t)
+
+
+def iso_utc(t: float) -> str:
+    """Epoch seconds as ISO 8601 UTC to the second, the one way kvdoctor writes an instant:
+    ``2026-11-30T10:37:10Z``."""
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

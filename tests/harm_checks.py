@@ -40,6 +40,6 @@ def check_ramp(out, timings, agent, n_first: int, hold_s: float) -> None:
     first_send = min(t.send_s for t in timings)
     assert queue_formed - first_send > 30, "the first phase is long enough to tell an onset from the capture's start"
     assert queue_formed - 5 <= inc.start_s <= queue_formed + hold_s, (inc.start_s - queue_formed, report)
-    live = [i for i in agent.incidents if i.symptom == "ttft" and not i.observation]
-    assert live, f"the live sidecar opened no TTFT incident: {[(i.symptom, i.severity) for i in agent.incidents]}"
+    live = [i for i in agent.live.incidents if i.symptom == "ttft" and not i.observation]
+    assert live, f"the live sidecar opened no TTFT incident: {[(i.symptom, i.severity) for i in agent.live.incidents]}"
     assert queue_formed - 5 <= live[0].start_s <= queue_formed + hold_s, live[0].start_s - queue_formed

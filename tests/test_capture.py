@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import numpy as np
+import orjson
 import pytest
 
 import kvdoctor
@@ -55,23 +56,88 @@ def test_engine_identity_round_trips_through_meta(tmp_path):
         kvdoctor.load(tmp_path / "c")
 
 
-def test_every_record_field_is_read_as_written(tmp_path):
-    """The reader's columns are derived from the record dataclasses (declared once): every
-    field but the opt-in text comes back, GpuSample.uuid and HostSample.host_cpu_count included."""
+def _every_field_set(record: type, i: int = 0):
+    """An instance of a record dataclass with every field set to a value of its declared type (the
+    declaration in kvdoctor.model is the one list of fields: a field added there is covered here)."""
     import dataclasses
 
-    from kvdoctor.capture.reader import SCHEMAS
-    from kvdoctor.model import HostSample
+    values = {"str": lambda name: f"{name}-{i}", "float": lambda name: 1.25 + i, "int": lambda name: 3 + i,
+              "bool": lambda name: True, "list[float]": lambda name: [0.5 + i, 0.25], "list[int]": lambda name: [7 + i, 8],
+              "dict[str, float]": lambda name: {"kv_usage_frac": 0.5 + i / 10, "requests_running": 2.0 + i},
+              "dict[str, Any]": lambda name: {"reason": f"r{i}", "n": i},
+              "dict[str, dict[str, Any]]": lambda name: {"ttft_seconds": {"le": [0.1, 1.0], "cum": [1 + i, 2 + i],
+                                                                          "sum": 0.5, "count": 2 + i}}}
+    kw = {}
+    for f in dataclasses.fields(record):
+        kw[f.name] = values[f.type.split(" | ")[0]](f.name)
+    return record(**kw)
 
-    for kind, record in (("requests", RequestRecord), ("gpu", GpuSample), ("host", HostSample)):
-        fields = [f.name for f in dataclasses.fields(record) if f.name not in ("prompt_text", "output_text")]
+
+def test_every_field_written_is_read_back(tmp_path):
+    """Each record kind with every declared field set, written and loaded: every field comes back
+    with its value (text, written only when asked, from the raw reader: it is never a column), and
+    the writer writes no field the records do not declare, the counts of capped lists included
+    (itl_count, prefix_blocks_count: once written, dropped on read)."""
+    import dataclasses
+    import math
+
+    from kvdoctor.capture import read_dicts
+    from kvdoctor.capture.columns import SCHEMAS
+    from kvdoctor.capture.writer import MAX_LIST_ITEMS
+    from kvdoctor.model import KINDS, RECORD_TYPES, to_dict
+
+    for kind in SCHEMAS:  # the columns are the declared fields, in order, less those never loaded
+        fields = [f.name for f in dataclasses.fields(RECORD_TYPES[kind]) if f.metadata.get("column", "auto") is not None]
         assert SCHEMAS[kind].names == fields, kind
-    with CaptureWriter(tmp_path / "c", CaptureMeta()) as w:
-        w.write(GpuSample(time_s=1.0, gpu_index=3, uuid="GPU-1234", mem_used_bytes=5))
-        w.write(HostSample(time_s=1.0, server_pid=42, host_cpu_count=16, host_cpu_frac=0.5))
+    written = {kind: [_every_field_set(RECORD_TYPES[kind], i) for i in range(2)] for kind in KINDS}
+    long = dataclasses.replace(written["requests"][0], request_id="long", itl_s=[0.01] * (MAX_LIST_ITEMS + 5),
+                               itl_count=None, prefix_block_hashes=list(range(MAX_LIST_ITEMS + 3)), prefix_blocks_count=None)
+    with CaptureWriter(tmp_path / "c", CaptureMeta(text_stored=True)) as w:
+        for records in written.values():
+            for r in records:
+                w.write(r)
+        w.write(long)
     cap = kvdoctor.load(tmp_path / "c")
-    assert cap.gpu.strings("uuid") == ["GPU-1234"] and cap.gpu.num("gpu_index").tolist() == [3.0]
-    assert cap.host.num("host_cpu_count").tolist() == [16.0] and cap.host.num("server_pid").tolist() == [42.0]
+    assert cap.warnings == []
+    for kind in KINDS:
+        raw = read_dicts(tmp_path / "c", kind, [])
+        declared = {f.name for f in dataclasses.fields(RECORD_TYPES[kind])}
+        for row in raw:
+            assert set(row) <= declared, f"{kind}: written but not declared: {set(row) - declared}"
+        for rec, row in zip(written[kind], raw):
+            assert row == to_dict(rec), kind  # every field set was written as it was
+    assert raw_long(tmp_path)["itl_count"] == MAX_LIST_ITEMS + 5 and raw_long(tmp_path)["prefix_blocks_count"] == MAX_LIST_ITEMS + 3
+    # and read back through the columns the analysis uses
+    for kind, cols in (("requests", cap.requests), ("gpu", cap.gpu), ("host", cap.host)):
+        for f in dataclasses.fields(RECORD_TYPES[kind]):
+            if f.metadata.get("column", "auto") is None:
+                continue
+            want = [getattr(r, f.name) for r in written[kind]]
+            kind_of = f.type.split(" | ")[0] if f.metadata.get("column", "auto") == "auto" else f.metadata["column"]
+            if kind_of == "str":
+                got = cols.strings(f.name)[:2]
+            elif kind_of.startswith("list"):
+                offsets, values = cols.lists(f.name)
+                got = [values[offsets[j]:offsets[j + 1]].tolist() for j in range(2)]
+            else:
+                got = cols.num(f.name)[:2].tolist()
+                want = [float(x) for x in want]
+            assert got == want, (kind, f.name, got, want)
+    assert cap.requests.num("itl_count").tolist()[2] == MAX_LIST_ITEMS + 5
+    assert cap.requests.num("prefix_blocks_count").tolist()[2] == MAX_LIST_ITEMS + 3
+    assert [e["detail"] for e in cap.events] == [r.detail for r in written["events"]]
+    assert cap.engine.time_s.tolist() == [r.time_s for r in written["engine"]]
+    for name in written["engine"][0].values:
+        assert cap.engine.values[name].tolist() == [r.values[name] for r in written["engine"]]
+    assert cap.engine.servers == [r.server for r in written["engine"]]
+    assert [h[1] for h in cap.engine.histograms["ttft_seconds"]] == [r.histograms["ttft_seconds"] for r in written["engine"]]
+    assert not any(math.isnan(x) for x in cap.requests.num("itl_count")[:2])
+
+
+def raw_long(tmp_path):
+    """The capped request as written."""
+    return next(orjson.loads(ln) for ln in (tmp_path / "c" / "requests-000001.jsonl").read_bytes().splitlines()
+                if b'"long"' in ln)
 
 
 def test_derive_request_never_overwrites():

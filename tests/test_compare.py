@@ -362,13 +362,13 @@ def test_percentile_replicates_equal_numpy_on_the_resample():
 def test_bootstrap_spread_matches_the_naive_bootstrap_and_large_sides_are_rescaled():
     rng = np.random.default_rng(2)
     x = rng.lognormal(0, 1, 400)
-    _, reps = S.boot_percentiles(x, [50], 2000, np.random.default_rng(3))
+    _, reps = B.boot_percentiles(x, [50], 2000, np.random.default_rng(3))
     naive = np.percentile(x[np.random.default_rng(4).integers(0, 400, (2000, 400))], 50, axis=1)
     assert abs(reps[:, 0].std() / naive.std() - 1) < 0.15
-    big = rng.lognormal(0, 1, 4 * S.MAX_BOOT_N)
-    _, reps_big = S.boot_percentiles(big, [50], 1000, np.random.default_rng(5))
+    big = rng.lognormal(0, 1, 4 * B.MAX_BOOT_N)
+    _, reps_big = B.boot_percentiles(big, [50], 1000, np.random.default_rng(5))
     # 4x the values, half the spread: the subsample's spread is rescaled by sqrt(m/n)
-    _, reps_sub = S.boot_percentiles(big[:S.MAX_BOOT_N], [50], 1000, np.random.default_rng(6))
+    _, reps_sub = B.boot_percentiles(big[:B.MAX_BOOT_N], [50], 1000, np.random.default_rng(6))
     assert 0.35 < reps_big[:, 0].std() / reps_sub[:, 0].std() < 0.65  # ~ sqrt(1/4)
 
 
@@ -398,8 +398,8 @@ def test_bootstrap_p_value_agrees_with_the_interval():
     rng = np.random.default_rng(3)
     for shift in (0.0, 0.05, 0.1, 0.2, 0.4):
         a, b = rng.lognormal(0, 0.5, 80), rng.lognormal(shift, 0.5, 80)
-        eb, rb = S.boot_percentiles(a, [50], 2000, S.rng_for(1, "a"))
-        ea, ra = S.boot_percentiles(b, [50], 2000, S.rng_for(1, "b"))
+        eb, rb = B.boot_percentiles(a, [50], 2000, B.rng_for(1, "a"))
+        ea, ra = B.boot_percentiles(b, [50], 2000, B.rng_for(1, "b"))
         iv = S.interval(float(eb[0]), float(ea[0]), rb[:, 0], ra[:, 0])
         assert 0 < iv.p <= 1
         if iv.p < 0.04:  # (the +1 of the Monte Carlo p-value blurs the border a little)

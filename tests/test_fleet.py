@@ -1,4 +1,4 @@
-"""Fleet mode (kvdoctor/fleet): query building, mapping, fleet findings; and end to end against a
+"""Fleet mode (kvdoctor/prometheus, kvdoctor/fleet): query building, mapping, fleet findings; and end to end against a
 real Prometheus scraping two real llama-servers, one overloaded on purpose."""
 from __future__ import annotations
 
@@ -20,10 +20,9 @@ import pytest
 
 from kvdoctor.diagnosis import Options, load_rules
 from kvdoctor.errors import InputError
-from kvdoctor.fleet import PromClient, PromError, diagnose_fleet, fetch, from_capture
-from kvdoctor.fleet.captures import capture_for
-from kvdoctor.fleet.fetch import FleetData
-from kvdoctor.fleet.query import Selectors, discovery_selectors, plan, selector_matchers, time_range
+from kvdoctor.fleet import diagnose_fleet
+from kvdoctor.prometheus import FleetData, PromClient, PromError, capture_for, fetch, from_capture
+from kvdoctor.prometheus.query import Selectors, discovery_selectors, plan, selector_matchers, time_range
 from kvdoctor.model import EngineSample
 
 
@@ -480,7 +479,7 @@ def test_diagnose_names_only_the_overloaded_instance(fleet_stack, run_cli):
 
 
 def test_auto_step_follows_range_and_scrape_interval():
-    from kvdoctor.fleet.query import auto_step, auto_window
+    from kvdoctor.prometheus.query import auto_step, auto_window
 
     assert auto_step(600, 1.0) == 1  # a 10-minute range keeps every 1 s scrape
     assert auto_step(600, None) == 15  # Prometheus' default interval when the server does not say
@@ -540,7 +539,7 @@ def test_tls_and_basic_auth_against_real_prometheus(tmp_path):
     if _prometheus_binary() is None:
         pytest.skip("/usr/bin/prometheus absent (apt-get install -y prometheus failed)")
     bcrypt = pytest.importorskip("bcrypt")
-    from kvdoctor.fleet.client import PromClient, PromError
+    from kvdoctor.prometheus import PromClient, PromError
     from kvdoctor.testing.llama_server import free_port
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"

@@ -287,9 +287,9 @@ def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
             with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
                 pages.append(r.read())
                 assert int(r.headers["Content-Length"]) == len(pages[-1])  # written in slices, framed whole
-        assert agent.reports_rendered == 1 and pages[0] == pages[1] == pages[2] and b"<html" in pages[0].lower()
+        assert agent.report.reports_rendered == 1 and pages[0] == pages[1] == pages[2] and b"<html" in pages[0].lower()
         # the render process yields the cores to the relay and the engine when they are busy
-        assert_runs_below_us(next(iter(agent._render_pool._processes)))
+        assert_runs_below_us(next(iter(agent.report._render_pool._processes)))
         # a browser (or anything that accepts gzip) gets the page compressed in the render process,
         # so the loop writes ~1.5 MB of ready bytes instead of encoding ~5 MB of text per request
         req = urllib.request.Request(f"{api}/report", headers={"Accept-Encoding": "gzip, deflate"})
@@ -301,12 +301,12 @@ def test_report_is_rendered_off_the_loop_once_per_capture_size(tmp_path):
         agent.writer.write(RequestRecord(request_id="new", arrival_s=time.time(), ttft_s=0.1))
         with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
             assert r.read() == pages[0]
-        assert agent.reports_rendered == 1
+        assert agent.report.reports_rendered == 1
         # past the window, new records get a new page
-        agent.report_reuse_s = 0.0
+        agent.report.report_reuse_s = 0.0
         with urllib.request.urlopen(f"{api}/report", timeout=60) as r:
             r.read()
-        assert agent.reports_rendered == 2
+        assert agent.report.reports_rendered == 2
 
 
 # -- fault suite: signals at random points ---------------------------------------------------------
@@ -362,11 +362,11 @@ def test_a_report_render_that_times_out_is_ended_not_queued_behind(tmp_path, mon
     cfg = AttachConfig(server_url="http://127.0.0.1:9", capture_dir=tmp_path / "cap", listen=f"127.0.0.1:{listen}")
     with running_agent(cfg) as agent:
         _wait_http(f"http://127.0.0.1:{listen}/healthz")
-        agent._render_pool = worker_pool()
-        agent._render_pool.submit(time.sleep, 120)  # the one render worker is now stuck
-        worker = next(iter(agent._render_pool._processes))
+        agent.report._render_pool = worker_pool()
+        agent.report._render_pool.submit(time.sleep, 120)  # the one render worker is now stuck
+        worker = next(iter(agent.report._render_pool._processes))
         monkeypatch.setattr(report_page, "REPORT_TIMEOUT_S", 1.0)
         with pytest.raises(concurrent.futures.TimeoutError):
-            agent.report_page()
-        assert agent._render_pool is None
+            agent.report.page()
+        assert agent.report._render_pool is None
         assert_process_ends(worker, 5.0, "stuck render worker")

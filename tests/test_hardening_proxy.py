@@ -11,7 +11,7 @@ import orjson
 import pytest
 from test_proxy import CHAT_BODY, RawUpstream, Started, _chat_events, _chunked, run
 
-from kvdoctor.collect import proxy as proxymod
+from kvdoctor.collect.proxy import sse as proxymod
 from kvdoctor.collect.base import ListSink
 from kvdoctor.collect.proxy import MAX_SSE_EVENT_BYTES, make_proxy
 

@@ -13,7 +13,7 @@ from kvdoctor.cli import cli
 from kvdoctor.errors import InputError
 from kvdoctor.model import CaptureMeta, RequestRecord
 from kvdoctor.plan import kvmodel as km
-from kvdoctor.plan.forecast import forecast_kv_full, kv_warnings, unsafe_concurrency
+from kvdoctor.plan.forecast import forecast_kv_full, unsafe_concurrency
 from kvdoctor.plan.models import builtin_model, gpu_memory, nvml_gpu, parse_bytes, resolve_model
 from kvdoctor.plan.planner import PlanInputs, plan
 
@@ -336,12 +336,12 @@ def test_forecast_on_the_real_vllm_preemption_run():
             assert np.isnan(minutes)  # drained: nothing to forecast
     assert steps_waiting >= 8 and full_now == steps_waiting
     assert usage_only <= steps_waiting // 2  # what the fix changed: usage alone rarely read "full"
-    # the warning composed from it, the first time requests wait with usage below 100%
+    # the first time requests wait with usage below 100%: full now, with one median sequence's blocks
     last = np.flatnonzero((waiting > 0) & (usage < 1))[0]
     tokens = cap.requests.num("prompt_tokens") + cap.requests.num("output_tokens")
     admit = np.ceil(np.median(tokens) / 128) * 128 / cap.meta.config["kv_capacity_tokens"]
-    ws = kv_warnings(t[: last + 1], usage[: last + 1], waiting=waiting[: last + 1], admit_frac=admit)
-    assert [x["message"] for x in ws] == ["KV cache full now"], (usage[last], admit)
+    assert forecast_kv_full(t[: last + 1], usage[: last + 1], waiting=waiting[: last + 1], admit_frac=admit) == 0.0, \
+        (usage[last], admit)
     print(f"usage alone forecast {usage_only} of {steps_waiting} windows with requests waiting")
 
 
@@ -351,15 +351,6 @@ def test_unsafe_concurrency_numbers():
     assert check.safe_concurrency == 40
     ok = unsafe_concurrency(32, 8000, 400_000)
     assert not ok and "fits" in ok.message()
-
-
-def test_kv_warnings():
-    t = np.arange(0, 601, 10.0)
-    w = kv_warnings(t, 0.5 + 0.02 * t / 60, max_concurrency=64, p99_len_tokens=8000, capacity_tokens=400_000)
-    assert [x["kind"] for x in w] == ["kv-pressure-preemption", "unsafe-concurrency"]
-    assert w[0]["message"] == "KV cache full in ~15 min at this rate"
-    assert kv_warnings(t, 0.5 + 0.02 * t / 60, preempts=False)[0]["kind"] == "kv-oom"
-    assert kv_warnings(t, np.full(len(t), 0.3)) == []
 
 
 # -- CLI ---------------------------------------------------------------------------------------
@@ -403,20 +394,6 @@ def test_cli_bad_input_exits_2_with_one_line(args, msg):
     r = CliRunner().invoke(cli, ["plan", *args])
     assert r.exit_code == 2
     assert msg in r.output and r.output.strip().count("\n") == 0
-
-
-def test_capture_kv_warnings(tmp_path):
-    from kvdoctor.capture import CaptureWriter, load
-    from kvdoctor.model import EngineSample
-    from kvdoctor.plan.forecast import capture_kv_warnings
-    meta = CaptureMeta(created_unix_s=0.0, config={"max_running_requests": 64, "kv_capacity_tokens": 400_000})
-    with CaptureWriter(tmp_path / "cap", meta) as w:
-        for i in range(61):
-            w.write(EngineSample(time_s=10.0 * i, values={"kv_usage_frac": 0.5 + 0.02 * i / 6}))
-        for i in range(100):
-            w.write(RequestRecord(request_id=str(i), arrival_s=float(i), prompt_tokens=7900, output_tokens=100))
-    kinds = [x["kind"] for x in capture_kv_warnings(load(tmp_path / "cap"))]
-    assert kinds == ["kv-pressure-preemption", "unsafe-concurrency"]
 
 
 def test_fp8_checkpoint_names_and_zero_reserve():

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from kvdoctor.collect import proxy as proxymod
+from kvdoctor.collect.proxy import relay as proxymod
 from kvdoctor.collect.base import ListSink
 from kvdoctor.collect.proxy import ProxyServer, make_proxy, start_proxy
 

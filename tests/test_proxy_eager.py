@@ -1,4 +1,4 @@
-"""The relay writing a response from the upstream's read callbacks (kvdoctor.collect.proxy_eager),
+"""The relay writing a response from the upstream's read callbacks (kvdoctor.collect.proxy.eager),
 driven through in-memory transports so each step can be seen: what reaches the client before the
 handler's task runs again, the hand-over to the task under back-pressure, a client that leaves."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 
 import httptools
 
-from kvdoctor.collect import upstream
 from kvdoctor.collect.base import ListSink
 from kvdoctor.collect.proxy import make_proxy
-from kvdoctor.collect.proxy_server import _Conn as ClientConn
+from kvdoctor.collect.proxy.http import ClientConnection as ClientConn
+from kvdoctor.collect.proxy.http import UpstreamConnection
 from kvdoctor.testing.memory_transport import MemoryTransport as Transport
 
 BODY = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'
@@ -65,7 +65,7 @@ async def relay(pieces: list[bytes], high_water: int | None = None, leave_after:
     client.connection_made(Transport())
     ct = Transport(client, high_water)
     client.transport = ct
-    up = upstream._Conn(loop)
+    up = UpstreamConnection(loop)
     up.connection_made(Transport())
     up.used, up.idle_since = True, time.monotonic()
     server.proxy.client._idle.append(up)

@@ -1,4 +1,4 @@
-"""The proxy's own HTTP/1.1 server side (kvdoctor.collect.proxy_server), spoken to over raw
+"""The proxy's own HTTP/1.1 server side (kvdoctor.collect.proxy.http.server), spoken to over raw
 sockets: what a client may send that aiohttp's server used to handle for it."""
 from __future__ import annotations
 
@@ -133,6 +133,35 @@ def test_garbage_is_400_and_an_upgrade_is_501():
     assert status == 501 and b"upgrade" in body and eof
 
 
+def test_a_trailer_is_not_forwarded_as_a_header():
+    """A chunked request's trailer fields come after its body: they are not the request's headers. A
+    pipelined request is read whole before its turn; its trailer was once sent upstream in its head
+    (found by tests/test_fuzz.py's differential test against h11)."""
+    upstream = RawUpstream(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", [])
+
+    async def main():
+        async with upstream as up, Started(make_proxy(up, ListSink())) as px:
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(px.rsplit(":", 1)[1]))
+            writer.write(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n"
+                         b"POST /second HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"2\r\nhi\r\n0\r\nX-Forwarded-For: 10.9.8.7\r\n\r\n")
+            out = [await _read_response(reader) for _ in range(2)]
+            writer.close()
+            return out
+
+    assert [status for status, _, _ in run(main())] == [200, 200]
+    first, second = upstream.requests
+    assert second.startswith(b"POST /second HTTP/1.1\r\n") and b"10.9.8.7" not in second
+
+
+def test_a_transfer_coding_other_than_chunked_is_501():
+    """llhttp undoes only the chunked framing: a gzip-coded body would go upstream still coded, with the
+    header that says so dropped (hop-by-hop). Refused, as h11 refuses it."""
+    raw = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
+    ((status, headers, body),), eof = run(_exchange(raw, wait_eof=True))
+    assert status == 501 and b"transfer codings" in body and eof
+
+
 def test_an_absolute_form_target_is_sent_upstream_as_a_path():
     upstream = RawUpstream(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", [])
 
@@ -169,7 +198,7 @@ def test_close_cuts_a_stream_still_open_after_the_grace():
 
 
 def test_an_idle_keepalive_connection_is_closed_after_the_timeout(monkeypatch):
-    from kvdoctor.collect import proxy_server
+    from kvdoctor.collect.proxy.http import server as proxy_server
 
     monkeypatch.setattr(proxy_server, "KEEPALIVE_S", 0.3)
 
@@ -214,7 +243,7 @@ def test_a_client_leaving_mid_body_is_a_cancelled_record_not_an_upstream_failure
 def test_a_request_whose_body_is_in_is_sent_on_from_the_read_callback_before_its_handler_starts():
     """``early`` runs once the whole body is in, before the handler's task; a chunked body goes
     to the handler at its head (to stream), a pipelined request waits its turn without it."""
-    from kvdoctor.collect.proxy_server import ProxyServer
+    from kvdoctor.collect.proxy import ProxyServer
 
     seen: list[tuple] = []
 

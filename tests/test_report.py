@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import pyarrow as pa
 
 import kvdoctor
-from kvdoctor.capture.reader import Capture, Columns, EngineSeries
+from kvdoctor.capture import Capture, Columns, EngineSeries
 from kvdoctor.diagnosis import Options, diagnose, load_rules, parse_slo
 from kvdoctor.diagnosis.incident import CauseFinding, Incident
 from kvdoctor.diagnosis.rules import chart_ids, schema

@@ -1,4 +1,4 @@
-"""The proxy's own HTTP/1.1 upstream client (kvdoctor/collect/upstream.py), through the proxy:
+"""The proxy's own HTTP/1.1 upstream client (kvdoctor/collect/proxy/http/client.py), through the proxy:
 the response shapes a server may send that the relay must pass on as they are (a body that ends
 with the connection, a HEAD answer, an interim 103 before the answer), a path the upstream URL
 carries, and a slow client that must not make the proxy buffer the whole response."""
@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 from test_proxy import CHAT_BODY, RawUpstream, Started, run
 
-from kvdoctor.collect import upstream as upstreammod
+from kvdoctor.collect.proxy import http as upstreammod
 from kvdoctor.collect.base import ListSink
 from kvdoctor.collect.proxy import make_proxy
 

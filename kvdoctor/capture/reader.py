@@ -1,6 +1,6 @@
 """Fast columnar load of a capture folder: meta.json checked field by field, each stream's
 segments read crash-tolerantly (segment_reader), requests' derived columns filled (derived),
-all into one :class:`Capture` (columns). Every name these modules define stays importable here.
+all into one :class:`Capture` (columns).
 """
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ import orjson
 
 from ..errors import InputError
 from ..model import FORMAT_VERSION, CaptureMeta, SourceStatus
-from .columns import (_ARROW, GPU_SCHEMA, HOST_SCHEMA, REQUEST_SCHEMA, SCHEMAS, Capture, Columns,  # noqa: F401
-                      EngineSeries, _first_time, _in_range, schema_of, time_slice)
+from .columns import Capture, Columns, time_slice
 from .derived import _derive, _engine_series
-from .segment_reader import (_BLOCK_BYTES, _BRACKETS, MAX_DEPTH, _clean, _conform, _depth, _loads_object, _read_dicts,  # noqa: F401
-                             _read_table, _scan, _warn, _whole_lines, segments)
+from .segment_reader import _read_table, read_dicts
 
 
 def load_meta(folder: Path) -> CaptureMeta:
@@ -117,8 +115,8 @@ def load(path: str | Path, *, since_s: float | None = None, until_s: float | Non
     requests = Columns(_derive(_read_table(folder, "requests", warnings)))
     gpu = Columns(_read_table(folder, "gpu", warnings))
     host = Columns(_read_table(folder, "host", warnings))
-    engine = _engine_series(_read_dicts(folder, "engine", warnings))
-    events = _read_dicts(folder, "events", warnings)
+    engine = _engine_series(read_dicts(folder, "engine", warnings))
+    events = read_dicts(folder, "events", warnings)
     warnings += load_warnings(meta, requests, engine)
     cap = Capture(folder, meta, requests, gpu, host, engine, events, warnings)
     if since_s is not None or until_s is not None:

@@ -237,7 +237,7 @@ def _bounded(table: pa.Table, seg: Path, warnings: list[str]) -> pa.Table:
     return table
 
 
-def _read_dicts(folder: Path, kind: str, warnings: list[str]) -> list[dict[str, Any]]:
+def read_dicts(folder: Path, kind: str, warnings: list[str]) -> list[dict[str, Any]]:
     """Engine or event records, each checked field by field: a record whose fields have the
     wrong type (a null time, a string of values) is skipped with a warning naming the file,
     line and field, so one bad line neither crashes a reader nor hides the rest."""

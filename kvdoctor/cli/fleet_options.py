@@ -7,7 +7,7 @@ import click
 import orjson
 
 from ..errors import InputError
-from ..fleet.source import fetch_from_options  # noqa: F401  (the commands call it from here too)
+from ..prometheus import fetch_from_options  # noqa: F401  (the commands call it from here too)
 from . import params as P
 from .common import check_range, finish, write_out
 
@@ -112,13 +112,13 @@ def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, st
     eval_step_s = step if step is not None else data.step_s
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.get_parameter_source("lookback") == click.core.ParameterSource.DEFAULT:
-        from ..fleet.query import auto_window
+        from ..prometheus import auto_window
 
         # a window no longer than a fifth of the range: a short overload must not be averaged away
         lookback_s, auto_eval = auto_window(data.end_s - data.start_s, data.step_s, lookback_s)
         if step is None:
             eval_step_s = auto_eval
-    from ..fleet.fetch import thin_warnings
+    from ..prometheus import thin_warnings
 
     data.warnings += [w for w in thin_warnings(data, lookback_s) if w not in data.warnings]
     for w in data.warnings:

@@ -1,6 +1,6 @@
 """Pure functions that turn request/response text into numbers, keeping no text.
 
-Used by the streaming proxy (``kvdoctor.collect.proxy``), usable on their own:
+Used by the streaming proxy's record (``kvdoctor.collect.proxy.record``) and `kvdoctor quality`, usable on their own:
 
 * :func:`conversation_id` - a short, stable id for a chat: hash of the system prompt(s) and
   the first user message, so every turn of one conversation gets the same id;
@@ -45,7 +45,8 @@ def _text_of(content: Any) -> str:
     return str(content)
 
 
-def _messages(body: Any) -> list[dict] | None:
+def chat_messages(body: Any) -> list[dict] | None:
+    """A chat request's ``messages`` (the well-formed ones), or None when it has none."""
     if not isinstance(body, dict):
         return None
     msgs = body.get("messages")
@@ -87,7 +88,7 @@ def render_prompt(body: Any) -> str | None:
     so they take part in the hash). Completion: the ``prompt`` string, or the strings of a
     list joined by newlines. Token-id prompts and anything else: ``None``.
     """
-    msgs = _messages(body)
+    msgs = chat_messages(body)
     if msgs is not None:
         parts = []
         for m in msgs:

@@ -1,4 +1,5 @@
-"""The library entry point: two sides in, a :class:`Comparison` out."""
+"""The library entry point: two sides in, a :class:`Comparison` out (rendered by render.py:
+``text``, ``markdown``, ``to_json``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +7,7 @@ from pathlib import Path
 
 from ..diagnosis import Diagnosis, Options, Rule, diagnose, load_rules
 from ..signals import Prepared, Window
-from . import stats as S
+from . import bootstrap as B
 from .measures import Ctx, SignalDiff, correct_family, headline
 from .sides import Side, SideSpec, load_side
 from .verdict import Overall, RuleStatus, overall, rule_impacts, rule_statuses
@@ -38,14 +39,9 @@ class Comparison:
         prep = self.before_prep if side == "before" else self.after_prep
         return prep.window(prep.start_s, prep.end_s)
 
-    def to_json(self):
-        from .render import to_json
-
-        return to_json(self)
-
 
 def compare_sides(before: Side, after: Side, rules: list[Rule] | None = None, options: Options | None = None,
-                  resamples: int = S.DEFAULT_RESAMPLES, seed: int = S.DEFAULT_SEED) -> Comparison:
+                  resamples: int = B.DEFAULT_RESAMPLES, seed: int = B.DEFAULT_SEED) -> Comparison:
     rules = rules if rules is not None else load_rules()
     options = (options or Options()).resolve(before.capture.meta.model or after.capture.meta.model)
     if resamples < 1000:
@@ -65,7 +61,7 @@ def compare_sides(before: Side, after: Side, rules: list[Rule] | None = None, op
 
 
 def compare(before: str | Path | SideSpec | Side, after: str | Path | SideSpec | Side, rules: list[Rule] | None = None,
-            options: Options | None = None, resamples: int = S.DEFAULT_RESAMPLES, seed: int = S.DEFAULT_SEED) -> Comparison:
+            options: Options | None = None, resamples: int = B.DEFAULT_RESAMPLES, seed: int = B.DEFAULT_SEED) -> Comparison:
     """Compare two captures (or time ranges of captures, ``CAPTURE@T1..T2``)::
 
         from kvdoctor.compare import compare

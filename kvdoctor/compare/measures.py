@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..signals import REGISTRY, Prepared, Window
+from . import bootstrap as B
 from . import stats as S
 from .workload import Workload
 
@@ -64,8 +65,8 @@ class Ctx:
     wb: Window
     wa: Window
     workload: Workload
-    resamples: int = S.DEFAULT_RESAMPLES
-    seed: int = S.DEFAULT_SEED
+    resamples: int = B.DEFAULT_RESAMPLES
+    seed: int = B.DEFAULT_SEED
     #: (column, side) -> (estimates at QS, replicates): P50/P90/P99 share one bootstrap
     cache: dict = field(default_factory=dict)
 
@@ -120,12 +121,12 @@ def _boot_pct(ctx: Ctx, name: str, column: str, q: float, matched: bool):
         key = (column, side, qs)
         if key not in ctx.cache:
             x = w.r(column)
-            rng = S.rng_for(ctx.seed, column, side)
+            rng = B.rng_for(ctx.seed, column, side)
             if matched:
-                ctx.cache[key] = S.boot_stratified_quantiles(x, codes[w.req], ctx.workload.matching.share, qs,
+                ctx.cache[key] = B.boot_stratified_quantiles(x, codes[w.req], ctx.workload.matching.share, qs,
                                                              ctx.resamples, rng)
             else:
-                ctx.cache[key] = S.boot_percentiles(x, qs, ctx.resamples, rng)
+                ctx.cache[key] = B.boot_percentiles(x, qs, ctx.resamples, rng)
         est, reps = ctx.cache[key]
         j = qs.index(q)
         out.append((float(est[j]), reps[:, j]))
@@ -171,7 +172,7 @@ def _boot_itl(ctx: Ctx, name: str, q: float, matched: bool):
             strata = share = None
             if matched:
                 strata, share = _codes(ctx, side)[w.req], ctx.workload.matching.share
-            ctx.cache[key] = S.boot_pooled_quantiles(vals, owner, n, qs, ctx.resamples, S.rng_for(ctx.seed, "itl", side),
+            ctx.cache[key] = B.boot_pooled_quantiles(vals, owner, n, qs, ctx.resamples, B.rng_for(ctx.seed, "itl", side),
                                                      strata, share)
         est, reps = ctx.cache[key]
         j = qs.index(q)
@@ -217,13 +218,13 @@ def compare_signal(name: str, ctx: Ctx, label: str | None = None) -> SignalDiff:
         res = _boot_pct(ctx, name, *_REQ_PCT[name], matched=False)
         d.method = "bootstrap over requests"
     elif name == "tpot_growth_per_turn_frac":
-        res = [S.boot_turn_growth(w.r("turn"), w.r("tpot_s"), ctx.resamples, S.rng_for(ctx.seed, name, side))
+        res = [B.boot_turn_growth(w.r("turn"), w.r("tpot_s"), ctx.resamples, B.rng_for(ctx.seed, name, side))
                for side, w in (("before", wb), ("after", wa))]
         d.method = "bootstrap within turns"
     elif name == "prefix_hit_rate_achieved" and all(
             (np.isfinite(w.r("cached_prompt_tokens")) & np.isfinite(w.r("prompt_tokens"))).sum() >= 5 for w in (wb, wa)):
-        res = [S.boot_ratio_of_sums(w.r("cached_prompt_tokens"), w.r("prompt_tokens"), ctx.resamples,
-                                    S.rng_for(ctx.seed, name, side)) for side, w in (("before", wb), ("after", wa))]
+        res = [B.boot_ratio_of_sums(w.r("cached_prompt_tokens"), w.r("prompt_tokens"), ctx.resamples,
+                                    B.rng_for(ctx.seed, name, side)) for side, w in (("before", wb), ("after", wa))]
         d.method = "bootstrap over requests"
     elif name == "error_rate":
         d.before, d.after = wb.value(name), wa.value(name)
@@ -237,7 +238,7 @@ def compare_signal(name: str, ctx: Ctx, label: str | None = None) -> SignalDiff:
         for side, prep, w in (("before", ctx.before, wb), ("after", ctx.after, wa)):
             est = w.value(name)
             blocks = _blocks(w, prep.t[w.req], w.r("output_tokens"), "sum")
-            reps = S.boot_blocks(blocks, "mean", ctx.resamples, S.rng_for(ctx.seed, name, side)) * BLOCKS / max(w.duration_s, 1e-9)
+            reps = B.boot_blocks(blocks, "mean", ctx.resamples, B.rng_for(ctx.seed, name, side)) * BLOCKS / max(w.duration_s, 1e-9)
             res.append((est, reps if len(blocks) else None))
         d.method = "block bootstrap over time"
     elif name in ("kv_usage_max_frac", "gpu_mem_used_max_frac"):
@@ -250,7 +251,7 @@ def compare_signal(name: str, ctx: Ctx, label: str | None = None) -> SignalDiff:
                 t = gt[w.gpu] if w.gpu is not None else gt[(gt >= w.t0) & (gt <= w.t1)]
                 v = w.gpu_col("mem_used_bytes") / w.gpu_col("mem_total_bytes")
             blocks = _blocks(w, t, v, "max")
-            reps = S.boot_blocks(blocks, "max", ctx.resamples, S.rng_for(ctx.seed, name, side)) if len(blocks) else None
+            reps = B.boot_blocks(blocks, "max", ctx.resamples, B.rng_for(ctx.seed, name, side)) if len(blocks) else None
             res.append((w.value(name), reps))
         d.method = "block bootstrap over time (peak)"
     if res is not None:

@@ -103,7 +103,7 @@ def load_side(spec: SideSpec | str | Path, role: str = "side") -> Side:
 def load_range(path: Path, whole: Capture, lo: float | None, hi: float | None) -> Capture:
     """The capture cut to [lo, hi] (the reader's own slicing, so the rules see what
     `diagnose --since/--until` would)."""
-    from ..capture.reader import time_slice
+    from ..capture import time_slice
 
     cut = time_slice(whole, lo, hi)
     return dataclasses.replace(cut, warnings=list(whole.warnings))

@@ -9,11 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# the bootstrap lived here before the split; its public names stay importable from this module
-from .bootstrap import (CHUNK_CELLS, DEFAULT_RESAMPLES, DEFAULT_SEED, MAX_BOOT_N,  # noqa: F401
-                        boot_blocks, boot_percentiles, boot_pooled_quantiles, boot_ratio_of_sums,
-                        boot_stratified_quantiles, boot_turn_growth, rng_for, weighted_quantiles)
-
 #: confidence level of every displayed interval
 LEVEL = 0.95
 #: family-wise error rate of the better/worse decisions (Holm over the headline signals)

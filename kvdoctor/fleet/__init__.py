@@ -1,11 +1,8 @@
-"""Fleet mode: diagnose many inference servers through Prometheus (docs/fleet.md).
+"""Fleet mode: many inference servers diagnosed through Prometheus (docs/fleet.md).
 
-fetch.py gets every replica's engine samples, captures.py turns them into captures (and back),
-diagnosis.py runs the rules on each replica, findings.py and outliers.py compare the replicas;
-kvdoctor/report/ renders the result (fleet_text.py, fleet_html.py)."""
-from .captures import from_capture
-from .client import PromClient, PromError
-from .diagnosis import FleetDiagnosis, diagnose_fleet
-from .fetch import FleetData, fetch
+kvdoctor/prometheus fetches every replica's engine samples as captures; here diagnosis.py runs
+the rules on each replica, findings.py and outliers.py compare the replicas, overview.py tabulates
+them; kvdoctor/report/ renders the result (fleet_text.py, fleet_html.py)."""
+from .diagnosis import FleetDiagnosis, diagnose_fleet, engine_rules
 
-__all__ = ["FleetData", "FleetDiagnosis", "PromClient", "PromError", "diagnose_fleet", "fetch", "from_capture"]
+__all__ = ["FleetDiagnosis", "diagnose_fleet", "engine_rules"]

@@ -1,6 +1,6 @@
 """Fleet diagnosis: every replica diagnosed on its own by the rules, then compared.
 
-``diagnose_fleet`` builds one in-memory Capture per instance (captures.py) and runs the rules
+``diagnose_fleet`` builds one in-memory Capture per instance (kvdoctor.prometheus.capture_for) and runs the rules
 on it. With no request records, each rule's ``min_requests`` gate is lifted (``engine_rules``):
 signals that need requests are NaN there, so only rules the aggregated metrics can support
 fire. findings.py then says, per rule, whether it fired on one replica or on all, and
@@ -16,11 +16,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engines.rates import counter_increase
+from ..diagnosis import diagnose
+from ..engines import counter_increase
 from ..model import EngineSample
+from ..prometheus import FleetData, capture_for
 from . import overview
-from .captures import capture_for
-from .fetch import FleetData
 from .findings import fleet_findings, num
 from .outliers import outlier_findings, outlier_signals
 
@@ -66,8 +66,6 @@ class InstanceResult:
 
 
 def diagnose_instance(data: FleetData, name: str, rules: list, options) -> InstanceResult:
-    from ..diagnosis import diagnose
-
     diag = diagnose(capture_for(data, name), rules, options)
     w = diag.prepared.window(data.start_s, data.end_s)
     return InstanceResult(diag.incidents, diag.to_json(), {s: w.value(s) for s in summary_signals(rules)})

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ..numeric import json_number
+
 #: affected replicas taking this many times the healthy ones' median load: the router's fault
 IMBALANCE_RATIO = 1.5
 
@@ -21,8 +23,8 @@ EVERYWHERE = {
 
 
 def num(v: float) -> float | None:
-    """A finding's number for JSON: rounded, None when unknown."""
-    return None if v is None or not math.isfinite(v) else round(float(v), 4)
+    """A finding's number for JSON: to 4 decimals, None when unknown."""
+    return json_number(v, 4)
 
 
 def replica_list(items: list[str], most: int = 5) -> str:

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ..numeric import json_number
+
 #: columns of the replica table: (signal, header, unit for formatting)
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ttft_p99_s", "TTFT P99", "s"),
@@ -59,9 +61,6 @@ def series(fd, name: str, neutral: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def to_json(rows: list[Replica]) -> list[dict[str, Any]]:
-    def num(v):
-        return None if v is None or not math.isfinite(v) else round(float(v), 6)
-
     return [{"instance": r.name, "engine": r.engine, "joined": r.joined, "status": r.status, "findings": r.findings,
-             "load_per_s": num(r.load_per_s), "load_unit": r.load_unit,
-             "values": {k: num(v) for k, v in r.values.items()}} for r in rows]
+             "load_per_s": json_number(r.load_per_s), "load_unit": r.load_unit,
+             "values": {k: json_number(v) for k, v in r.values.items()}} for r in rows]

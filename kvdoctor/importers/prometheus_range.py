@@ -1,6 +1,6 @@
 """A Prometheus server's history (HTTP API ``query_range``) as one capture, for offline replay.
 
-Same queries and mapping as ``kvdoctor diagnose --prometheus`` (kvdoctor/fleet, docs/fleet.md):
+Same queries and mapping as ``kvdoctor diagnose --prometheus`` (kvdoctor/prometheus, docs/fleet.md):
 one ``EngineSample`` per instance and step, its ``server`` field naming the instance; the
 capture's meta holds the range and step (``config.fleet``). Replay with
 ``kvdoctor diagnose --prometheus CAPTURE``. SRC is the Prometheus base URL; options go as
@@ -29,8 +29,7 @@ OPTIONS = {
 
 
 def read(paths: list[Path], options: dict[str, Any]) -> Imported:
-    from ..fleet.source import fetch_from_options
-    from ..fleet.captures import meta_for, records
+    from ..prometheus import fetch_from_options, meta_for, records
 
     unknown = set(options) - set(OPTIONS)
     if unknown:

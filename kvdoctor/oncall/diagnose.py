@@ -1,4 +1,4 @@
-"""One alert's instance diagnosed through Prometheus: the fleet path (kvdoctor/fleet) narrowed to
+"""One alert's instance diagnosed through Prometheus: the fleet path (kvdoctor/prometheus, kvdoctor/fleet) narrowed to
 one instance, over the alert's window, rendered with the on-call summary (report/summary.py)."""
 from __future__ import annotations
 
@@ -6,11 +6,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from ..fleet.client import PromClient
-from ..fleet.captures import capture_for
-from ..fleet.diagnosis import engine_rules
-from ..fleet.fetch import fetch
-from ..fleet.query import Selectors
+from ..fleet import engine_rules
+from ..prometheus import PromClient, Selectors, capture_for, fetch
 
 
 @dataclass

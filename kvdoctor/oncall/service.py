@@ -1,8 +1,8 @@
 """`kvdoctor oncall`: an Alertmanager webhook receiver that turns a bare page into a diagnosed one.
 
 Alertmanager posts (webhook payload version 4) every alert of a group each time the group is
-notified; an alert is one incident, keyed by its ``fingerprint``: a firing alert seen before is
-a repeat (dropped), a resolved one closes its incident. A new firing alert queues a diagnosis of
+notified; an alert is keyed by its ``fingerprint``: a firing alert seen before is a repeat
+(dropped), a resolved one is closed. A new firing alert queues a diagnosis of
 its instance (diagnose.py); alerts of an instance that is already queued join that diagnosis
 (coalesced), the queue is bounded (``queue_max`` instances) and ``workers`` diagnoses run at a
 time, so a burst of 100 alerts costs one diagnosis per instance, not 100 in parallel. Each
@@ -12,7 +12,6 @@ at ``/incidents``; the HTML report at ``/report/ID``.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,15 +20,18 @@ from urllib.parse import urlsplit
 
 from ..errors import InputError
 from ..units import duration_text
-from ..timeparse import epoch_or_iso
+from ..timeparse import epoch_or_iso, iso_utc
 from .diagnose import Result, Setup, diagnose_instance
 
 log = logging.getLogger("kvdoctor.oncall")
-KEEP_CLOSED = 500  # resolved incidents kept at /incidents
+KEEP_CLOSED = 500  # resolved alerts kept at /incidents
 
 
 @dataclass
-class Incident:
+class Alert:
+    """One Alertmanager alert (keyed by its fingerprint) and the diagnosis of its instance; not a
+    kvdoctor incident (:class:`kvdoctor.diagnosis.Incident`), which the diagnosis may find."""
+
     id: int
     fingerprint: str
     alertname: str
@@ -47,14 +49,10 @@ class Incident:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "fingerprint": self.fingerprint, "alertname": self.alertname, "instance": self.instance,
-                "severity": self.severity, "status": self.status, "starts": _iso(self.starts_s),
-                "resolved": _iso(self.resolved_s) if self.resolved_s else None, "diagnosis": self.diagnosis,
+                "severity": self.severity, "status": self.status, "starts": iso_utc(self.starts_s),
+                "resolved": iso_utc(self.resolved_s) if self.resolved_s else None, "diagnosis": self.diagnosis,
                 "top_rule": self.top_rule, "summary": self.summary, "labels": self.labels,
                 "report": f"/report/{self.id}" if self.html else None}
-
-
-def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_payload(body: Any) -> list[dict[str, Any]]:
@@ -79,8 +77,8 @@ class OnCall:
                  workers: int = 1):
         self.setup, self.forward, self.public_url = setup, forward, public_url.rstrip("/")
         self.queue_max, self.workers = queue_max, workers
-        self.incidents: dict[str, Incident] = {}
-        self.by_id: dict[int, Incident] = {}
+        self.alerts: dict[str, Alert] = {}
+        self.by_id: dict[int, Alert] = {}
         self.pending: dict[str, list[str]] = {}  # instance -> fingerprints waiting for its diagnosis
         self.queue: asyncio.Queue[str] | None = None
         self.stats = {"alerts": 0, "repeats": 0, "coalesced": 0, "diagnoses": 0, "running": 0, "max_running": 0,
@@ -106,48 +104,48 @@ class OnCall:
         for a in alerts:
             self.stats["alerts"] += 1
             fp = str(a["fingerprint"])
-            inc = self.incidents.get(fp)
+            alert = self.alerts.get(fp)
             if a["status"] == "resolved":
-                if inc is not None and inc.status == "firing":
-                    inc.status, inc.resolved_s = "resolved", _time(a.get("endsAt")) or time.time()
+                if alert is not None and alert.status == "firing":
+                    alert.status, alert.resolved_s = "resolved", _time(a.get("endsAt")) or time.time()
                     closed += 1
-                    await self._post(self._resolved_text(inc))
+                    await self._post(self._resolved_text(alert))
                 continue
-            if inc is not None and inc.status == "firing":
+            if alert is not None and alert.status == "firing":
                 self.stats["repeats"] += 1
                 continue
-            inc = self._open(fp, a)
+            alert = self._open(fp, a)
             new += 1
-            self._enqueue(inc)
+            self._enqueue(alert)
         self._trim()
         return {"alerts": len(alerts), "new": new, "resolved": closed}
 
-    def _open(self, fp: str, a: dict[str, Any]) -> Incident:
+    def _open(self, fp: str, a: dict[str, Any]) -> Alert:
         labels = {str(k): str(v) for k, v in a["labels"].items()}
         instance = _instance(labels, self.setup.group_by)
-        inc = Incident(self._next, fp, labels.get("alertname", "?"), instance, labels.get("severity", "?"), labels,
+        alert = Alert(self._next, fp, labels.get("alertname", "?"), instance, labels.get("severity", "?"), labels,
                        {str(k): str(v) for k, v in (a.get("annotations") or {}).items()},
                        _time(a.get("startsAt")) or time.time())
         self._next += 1
-        self.incidents[fp] = self.by_id[inc.id] = inc
-        return inc
+        self.alerts[fp] = self.by_id[alert.id] = alert
+        return alert
 
-    def _enqueue(self, inc: Incident) -> None:
+    def _enqueue(self, alert: Alert) -> None:
         assert self.queue is not None
-        waiting = self.pending.get(inc.instance)
+        waiting = self.pending.get(alert.instance)
         if waiting is not None:
-            waiting.append(inc.fingerprint)
+            waiting.append(alert.fingerprint)
             self.stats["coalesced"] += 1
             return
         if self.queue.full():
             self.stats["skipped_queue_full"] += 1
-            inc.diagnosis = "skipped"
+            alert.diagnosis = "skipped"
             why = f"not diagnosed: {self.queue_max} instances already wait for a diagnosis"
-            inc.summary = self._firing_text(inc, Result(error=why))
-            asyncio.get_running_loop().create_task(self._post(inc.summary))
+            alert.summary = self._firing_text(alert, Result(error=why))
+            asyncio.get_running_loop().create_task(self._post(alert.summary))
             return
-        self.pending[inc.instance] = [inc.fingerprint]
-        self.queue.put_nowait(inc.instance)
+        self.pending[alert.instance] = [alert.fingerprint]
+        self.queue.put_nowait(alert.instance)
 
     # -- diagnoses -------------------------------------------------------------------------
     async def _worker(self) -> None:
@@ -155,51 +153,51 @@ class OnCall:
         while True:
             instance = await self.queue.get()
             fps = self.pending.pop(instance, [])
-            incs = [self.incidents[f] for f in fps if f in self.incidents and self.incidents[f].status == "firing"]
-            if not incs:
+            firing = [self.alerts[f] for f in fps if f in self.alerts and self.alerts[f].status == "firing"]
+            if not firing:
                 continue
-            for inc in incs:
-                inc.diagnosis = "running"
+            for alert in firing:
+                alert.diagnosis = "running"
             self.stats["diagnoses"] += 1
             self.stats["running"] += 1
             self.stats["max_running"] = max(self.stats["max_running"], self.stats["running"])
             try:
                 res = await asyncio.to_thread(diagnose_instance, self.setup, instance,
-                                              min(i.starts_s for i in incs), time.time())
+                                              min(i.starts_s for i in firing), time.time())
             except Exception as e:  # a bug in a diagnosis must not stop the receiver
                 log.exception("diagnosis of %s failed", instance)
                 res = Result(error=f"diagnosis failed: {type(e).__name__}: {e}")
             finally:
                 self.stats["running"] -= 1
-            for inc in incs:
-                inc.diagnosis = "done" if res.error is None else "unavailable"
-                inc.top_rule, inc.html = res.top_rule, res.html
-                inc.summary = self._firing_text(inc, res)
-                if inc.status == "firing":
-                    await self._post(inc.summary)
+            for alert in firing:
+                alert.diagnosis = "done" if res.error is None else "unavailable"
+                alert.top_rule, alert.html = res.top_rule, res.html
+                alert.summary = self._firing_text(alert, res)
+                if alert.status == "firing":
+                    await self._post(alert.summary)
 
     # -- texts out ---------------------------------------------------------------------------
-    def _firing_text(self, inc: Incident, res: Result) -> str:
-        since = f"since {_iso(inc.starts_s)} ({duration_text(max(0.0, time.time() - inc.starts_s))})"
-        lines = [f"FIRING {inc.alertname} ({inc.severity}) on {inc.instance} {since}"]
-        if inc.annotations.get("summary"):
-            lines.append(f"Alert: {inc.annotations['summary']}")
+    def _firing_text(self, alert: Alert, res: Result) -> str:
+        since = f"since {iso_utc(alert.starts_s)} ({duration_text(max(0.0, time.time() - alert.starts_s))})"
+        lines = [f"FIRING {alert.alertname} ({alert.severity}) on {alert.instance} {since}"]
+        if alert.annotations.get("summary"):
+            lines.append(f"Alert: {alert.annotations['summary']}")
         if res.error:
             lines.append(f"kvdoctor could not diagnose it: {res.error}")
         else:
-            lines.append(f"kvdoctor diagnosis of {inc.instance}, {_iso(res.start_s)} → {_iso(res.end_s)}:")
+            lines.append(f"kvdoctor diagnosis of {alert.instance}, {iso_utc(res.start_s)} → {iso_utc(res.end_s)}:")
             lines.append(res.text.rstrip("\n"))
             if res.html:
-                lines.append(f"Report: {self.public_url}/report/{inc.id}")
-        if inc.annotations.get("runbook_url"):
-            lines.append(f"Runbook: {inc.annotations['runbook_url']}")
+                lines.append(f"Report: {self.public_url}/report/{alert.id}")
+        if alert.annotations.get("runbook_url"):
+            lines.append(f"Runbook: {alert.annotations['runbook_url']}")
         return "\n".join(lines)
 
     @staticmethod
-    def _resolved_text(inc: Incident) -> str:
-        span = duration_text(max(0.0, (inc.resolved_s or time.time()) - inc.starts_s))
-        cause = f"; kvdoctor's top cause was {inc.top_rule}" if inc.top_rule else ""
-        return f"RESOLVED {inc.alertname} on {inc.instance} (firing {span}){cause}"
+    def _resolved_text(alert: Alert) -> str:
+        span = duration_text(max(0.0, (alert.resolved_s or time.time()) - alert.starts_s))
+        cause = f"; kvdoctor's top cause was {alert.top_rule}" if alert.top_rule else ""
+        return f"RESOLVED {alert.alertname} on {alert.instance} (firing {span}){cause}"
 
     async def _post(self, text: str) -> None:
         import aiohttp
@@ -218,18 +216,18 @@ class OnCall:
                 log.warning("forward to %s failed: %s", url, e)
 
     def _trim(self) -> None:
-        closed = [i for i in self.incidents.values() if i.status == "resolved"]
-        for inc in sorted(closed, key=lambda i: i.id)[:max(0, len(closed) - KEEP_CLOSED)]:
-            self.incidents.pop(inc.fingerprint, None)
-            self.by_id.pop(inc.id, None)
+        closed = [i for i in self.alerts.values() if i.status == "resolved"]
+        for alert in sorted(closed, key=lambda i: i.id)[:max(0, len(closed) - KEEP_CLOSED)]:
+            self.alerts.pop(alert.fingerprint, None)
+            self.by_id.pop(alert.id, None)
 
     # -- views -------------------------------------------------------------------------------
-    def incidents_json(self) -> list[dict[str, Any]]:
-        return [i.to_json() for i in sorted(self.incidents.values(), key=lambda i: -i.id)]
+    def alerts_json(self) -> list[dict[str, Any]]:
+        return [i.to_json() for i in sorted(self.alerts.values(), key=lambda i: -i.id)]
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "prometheus": self.setup.prometheus, "queued": len(self.pending),
-                "open": sum(i.status == "firing" for i in self.incidents.values()), **self.stats}
+                "open": sum(i.status == "firing" for i in self.alerts.values()), **self.stats}
 
 
 def _instance(labels: dict[str, str], group_by: str) -> str:
@@ -269,19 +267,19 @@ def make_app(oncall: OnCall, token: str | None = None):
         return web.json_response(done, dumps=dumps)
 
     async def incidents(_r: web.Request) -> web.Response:
-        return web.json_response({"incidents": oncall.incidents_json()}, dumps=dumps)
+        return web.json_response({"incidents": oncall.alerts_json()}, dumps=dumps)
 
     async def healthz(_r: web.Request) -> web.Response:
         return web.json_response(oncall.health(), dumps=dumps)
 
     async def report(request: web.Request) -> web.Response:
         try:
-            inc = oncall.by_id.get(int(request.match_info["id"]))
+            alert = oncall.by_id.get(int(request.match_info["id"]))
         except ValueError:
-            inc = None
-        if inc is None or not inc.html:
+            alert = None
+        if alert is None or not alert.html:
             return web.Response(status=404, text="no report for this incident (unknown, or not diagnosed)\n")
-        return web.Response(text=inc.html, content_type="text/html")
+        return web.Response(text=alert.html, content_type="text/html")
 
     app = web.Application(middlewares=[bearer_auth(token)], client_max_size=8 * 2**20)
     app.router.add_post("/alertmanager", webhook)

@@ -7,7 +7,6 @@ would.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -17,7 +16,8 @@ from .kvmodel import KV_HEADROOM_FRAC
 
 # The estimator's own settings below (window, minimum points, minimum slope, thinning) are
 # numerics of the Theil-Sen fit, not judgements; the judgements are the rules': when a forecast
-# warns (kv-pressure-preemption's warn_within_min) and the headroom (kvmodel.KV_HEADROOM_FRAC).
+# warns (kv-pressure-preemption's warn_within_min, on the kv_full_forecast_min signal) and the
+# headroom (kvmodel.KV_HEADROOM_FRAC).
 
 #: pairwise slopes are O(n^2); longer windows are thinned evenly to this many samples
 _MAX_POINTS = 300
@@ -116,48 +116,3 @@ def unsafe_concurrency(max_concurrency: int, p99_len_tokens: float, capacity_tok
     return ConcurrencyCheck(unsafe=needed > usable, max_concurrency=int(max_concurrency),
                             p99_len_tokens=float(p99_len_tokens), capacity_tokens=float(capacity_tokens),
                             needed_tokens=float(needed), usable_tokens=float(usable), safe_concurrency=safe)
-
-
-def kv_warnings(times_s, usage_frac, *, warn_within_min: float | None = None, preempts: bool = True,
-                max_concurrency: int | None = None, p99_len_tokens: float | None = None,
-                capacity_tokens: float | None = None, headroom: float = KV_HEADROOM_FRAC, waiting=None,
-                admit_frac: float | None = None) -> list[dict]:
-    """The live warnings attach mode raises from the same model: an early kv-pressure-preemption
-    (engines that preempt, e.g. vLLM, SGLang) or kv-oom (engines that fail) when the cache will be
-    full within ``warn_within_min`` (default: kv-pressure-preemption's param of that name, the
-    horizon the rule warns at), and unsafe-concurrency when the configured maximum cannot fit.
-    ``waiting`` and ``admit_frac``: as :func:`forecast_kv_full` (full now while requests wait for
-    blocks)."""
-    if warn_within_min is None:
-        from ..diagnosis.rules import builtin_params
-
-        warn_within_min = builtin_params("kv-pressure-preemption")["warn_within_min"]
-    out = []
-    minutes = forecast_kv_full(times_s, usage_frac, waiting=waiting, admit_frac=admit_frac)
-    if minutes is not None and minutes <= warn_within_min:
-        out.append({"kind": "kv-pressure-preemption" if preempts else "kv-oom", "minutes_to_full": minutes,
-                    "message": "KV cache full now" if minutes == 0 else
-                    f"KV cache full in ~{max(1, round(minutes))} min at this rate"})
-    if max_concurrency and p99_len_tokens and capacity_tokens:
-        check = unsafe_concurrency(max_concurrency, p99_len_tokens, capacity_tokens, headroom)
-        if check:
-            out.append({"kind": "unsafe-concurrency", "message": check.message(), **dataclasses.asdict(check)})
-    return out
-
-
-def capture_kv_warnings(cap, *, preempts: bool = True, headroom: float = KV_HEADROOM_FRAC) -> list[dict]:
-    """kv_warnings on a loaded capture: neutral engine series ``kv_usage_frac``, capacity
-    ``kv_capacity_tokens`` and ``max_running_requests`` from its config, P99 of prompt+output."""
-    usage = cap.engine.get("kv_usage_frac")
-    conf = cap.meta.config or {}
-    maxc = next((conf[k] for k in ("max_running_requests", "max_num_seqs") if conf.get(k)), None)
-    capacity = conf.get("kv_capacity_tokens")
-    if capacity is None and cap.engine.get("kv_capacity_tokens") is not None:
-        vals = cap.engine.get("kv_capacity_tokens")
-        capacity = float(np.nanmax(vals)) if np.isfinite(vals).any() else None
-    lengths = cap.requests.num("prompt_tokens") + np.nan_to_num(cap.requests.num("output_tokens"))
-    lengths = lengths[np.isfinite(lengths) & (lengths > 0)]
-    p99 = float(np.percentile(lengths, 99)) if len(lengths) else None
-    return kv_warnings(cap.engine.time_s if usage is not None else [], usage if usage is not None else [],
-                       preempts=preempts, max_concurrency=maxc, p99_len_tokens=p99,
-                       capacity_tokens=capacity, headroom=headroom)

@@ -2,8 +2,9 @@
 terminal, webhook, /metrics, OpenTelemetry.
 
 This module holds the configuration, the listeners and the run/shutdown sequence; the agent's
-other responsibilities are mixed in from recording (the Sink, polled sources, /healthz),
-live (the diagnosis loop and incident announcements) and report_page (/report).
+other responsibilities are its parts, each with its own state: ``recording`` (the Sink, polled
+sources, /healthz), ``live`` (the diagnosis loop and incident announcements) and ``report``
+(/report). They share the capture writer, the metrics, the live worker and the thread pool.
 Push sources (proxy, OTLP receiver) emit from the event loop. Nothing a source or the server
 does makes the agent exit.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib
 import logging
 import os
 import signal
@@ -22,17 +24,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import __version__
-from ..capture import CaptureWriter
-from ..capture.queued import QueuedWriter
+from ..capture import CaptureWriter, QueuedWriter
 from ..collect.base import PolledCollector
 from ..diagnosis import Incident, Options, Rule
 from ..errors import InputError
 from ..model import CaptureMeta
-from ..workers import stop_pool
 from .live import LiveDiagnosis
 from .live_worker import LiveWorker
 from .recording import Recording
-from .report_page import REPORT_TIMEOUT_S, ReportPage  # noqa: F401  (importable here as before)
+from .report_page import ReportPage
 from .serve import Metrics, make_app
 
 
@@ -43,6 +43,10 @@ SHUTDOWN_GRACE_S = 2.0
 EXIT_INTERRUPTED = 130
 #: `attach` exits with this when the run ended normally but records could not be written
 EXIT_CAPTURE_INCOMPLETE = 5
+
+
+#: options that need an extra installed: (AttachConfig field, extra, module it brings)
+OPTIONAL = (("otlp_grpc_receiver", "grpc", "grpc"),)
 
 
 def host_port(text: str, default_port: int, option: str = "address") -> tuple[str, int]:
@@ -92,8 +96,18 @@ class AttachConfig:
     #: ask the server which engine, version and model it is (kvdoctor.collect.identify)
     identify: bool = True
 
+    def __post_init__(self) -> None:
+        # an option whose extra is not installed: one line naming it, before anything starts
+        for option, extra, module in OPTIONAL:
+            if getattr(self, option):
+                try:
+                    importlib.import_module(module)
+                except ImportError:
+                    raise InputError(f"--{option.replace('_', '-')} needs the {extra} extra ({module} is not "
+                                     f"installed): pip install 'kvdoctor[{extra}]'") from None
 
-class Agent(Recording, LiveDiagnosis, ReportPage):
+
+class Agent:
     """The sidecar: ``await Agent(cfg).run()`` until stopped (signal, ``duration_s`` or :meth:`stop`)."""
 
     def __init__(self, cfg: AttachConfig):
@@ -102,40 +116,19 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         config = {**cfg.engine_config, "declared": dict(cfg.engine_config)} if cfg.engine_config else {}
         meta = CaptureMeta(created_unix_s=time.time(), server=cfg.server_url, origin="attach",
                            config=config, text_stored=cfg.store_text, tool_version=__version__)
+        self.metrics = Metrics()
         # drop_on_error: a full or read-only disk costs records (counted), never the sidecar
         self.writer = QueuedWriter(
             CaptureWriter(cfg.capture_dir, meta, max_bytes=cfg.max_capture_bytes, drop_on_error=True),
             on_drop=lambda kind, n: self.metrics["kvdoctor_capture_dropped_total"].labels(kind=kind).inc(n))
-        self.metrics = Metrics()
-        # a gauge starts at 0, which for this one reads "KV full now": unknown until the first step
-        self.metrics["kvdoctor_kv_full_forecast_seconds"].set(float("nan"))
-        self._set_info(None)
         # the recent past the live step looks at: its lookback, the longest hold, a minute's margin
         keep_s = cfg.options.lookback_s + max((r.for_s for r in cfg.rules), default=0) + 60
         self.live_worker = LiveWorker(cfg.rules, cfg.options, keep_s)
-        self.incidents: list[Incident] = []
-        self._status: dict[str, tuple[bool, str]] = {}
-        self.errors: dict[str, dict[str, Any]] = {}  # source -> {count, last}: unexpected errors
-        self._errors_logged: set[tuple[str, str]] = set()
         self._stop = asyncio.Event()
-        self._runners: list[Any] = []
-        self._grpc: Any = None  # the OTLP/gRPC receiver's grpc.aio server
-        self.started_s = time.time()
-        self.steps = 0
-        self.otel = None
-        self._proxy = None  # the streaming proxy, when there is one: its in-flight requests
-        self._proxy_server: Any = None
         # two workers suffice for the blocking reads (NVML, psutil, HTTP scrape), and fewer
         # threads mean fewer malloc arenas: part of keeping the sidecar under ~100 MiB
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvdoctor-source")
-        self._live_lock = threading.Lock()
-        self._report_lock = threading.Lock()
-        self._report_cache: tuple[int, float, Any] | None = None
-        self.reports_rendered = 0
-        self._render_pool: concurrent.futures.ProcessPoolExecutor | None = None
-        #: the garbage collections run between proxied requests (cfg.gc_between_requests), for /healthz
-        self.idle_gc: Any = None
-        self.identify: Any = None
+        identify: Any = None
         if cfg.identify:
             from ..collect.identify import IdentifyCollector
 
@@ -143,9 +136,16 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             host = next((c for c in cfg.collectors if hasattr(c, "server_cmdline")), None)
             # the engine the /metrics names say, as evidence when the model listing names none;
             # the server process's flags (same host), for the settings the engine does not report
-            self.identify = IdentifyCollector(cfg.server_url, hint=lambda: next(
+            identify = IdentifyCollector(cfg.server_url, hint=lambda: next(
                 (c.engine for c in scrapes if getattr(c, "engine", None) not in (None, "dcgm")), None),
                 cmdline=host.server_cmdline if host is not None else None)
+        self.live = LiveDiagnosis(cfg, self.writer, self.metrics, self.live_worker, self._stop, self._pool)
+        self.recording = Recording(cfg, self.writer, self.metrics, self.live_worker, self._stop, self._pool,
+                                   open_incidents=self.live.open_incidents, identify=identify)
+        self.report = ReportPage(cfg, self.writer)
+        self._runners: list[Any] = []
+        self._grpc: Any = None  # the OTLP/gRPC receiver's grpc.aio server
+        self._proxy_server: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def _start_http(self) -> None:
@@ -153,15 +153,15 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
 
         if self.cfg.listen:
             host, port = host_port(self.cfg.listen, 9400, "--listen")
-            app = make_app(self.metrics, lambda: [i.to_json() for i in self.incidents], self.health,
-                           self.report_page, self.cfg.token)
+            app = make_app(self.metrics, lambda: [i.to_json() for i in self.live.incidents], self.recording.health,
+                           self.report.page, self.cfg.token)
             await self._site(web, app, host, port, "endpoints")
         if self.cfg.proxy:
             from ..collect.proxy import make_proxy
 
             host, port = host_port(self.cfg.proxy, 9000, "--proxy")
-            server = make_proxy(self.cfg.server_url, self, store_text=self.cfg.store_text)
-            self._proxy = server.proxy
+            server = make_proxy(self.cfg.server_url, self.recording, store_text=self.cfg.store_text)
+            self.live.proxy = server.proxy
             try:
                 await server.start(host, port)
             except OSError as e:
@@ -173,12 +173,12 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             from ..collect.otlp_receiver import make_app as make_receiver
 
             host, port = host_port(self.cfg.otlp_receiver, 4318, "--otlp-receiver")
-            await self._site(web, make_receiver(self), host, port, "otlp")
+            await self._site(web, make_receiver(self.recording), host, port, "otlp")
         if self.cfg.otlp_grpc_receiver:
             from ..collect.otlp_grpc import DEFAULT_PORT, start_grpc_receiver
 
             host, port = host_port(self.cfg.otlp_grpc_receiver, DEFAULT_PORT)
-            self._grpc, _, bound = await start_grpc_receiver(self, host, port)
+            self._grpc, _, bound = await start_grpc_receiver(self.recording, host, port)
             log.info("otlp-grpc listening on %s:%d", host, bound)
 
     async def _site(self, web, app, host: str, port: int, what: str) -> None:
@@ -195,6 +195,10 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
 
     def stop(self) -> None:
         self._stop.set()
+
+    def capture_problem(self) -> str | None:
+        """After :meth:`run`: why the capture is incomplete (records dropped, meta not written), or None."""
+        return self.recording.capture_problem()
 
     def _on_signal(self) -> None:
         if self._stop.is_set():  # a second Ctrl-C / SIGTERM: the operator means now
@@ -213,17 +217,19 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
         if self.cfg.otlp_endpoint:
             from .otel_export import OtelExport
 
-            self.otel = OtelExport(self.cfg.otlp_endpoint)
+            self.live.otel = OtelExport(self.cfg.otlp_endpoint)
         try:
             await self._start_http()
             if self.cfg.gc_between_requests:
                 from ..idle_gc import IdleCollector
 
-                self.idle_gc = IdleCollector(busy=lambda: self._proxy_server is not None and self._proxy_server.busy)
-                self.idle_gc.start(loop)
-            polled = self.cfg.collectors + ([self.identify] if self.identify is not None else [])
-            tasks = [asyncio.create_task(self._poll(c)) for c in polled]
-            tasks.append(asyncio.create_task(self._diagnose_loop()))
+                self.recording.idle_gc = IdleCollector(busy=lambda: self._proxy_server is not None
+                                                       and self._proxy_server.busy)
+                self.recording.idle_gc.start(loop)
+            identify = self.recording.identify
+            polled = self.cfg.collectors + ([identify] if identify is not None else [])
+            tasks = [asyncio.create_task(self.recording.poll(c)) for c in polled]
+            tasks.append(asyncio.create_task(self.live.run()))
             if self.cfg.duration_s:
                 loop.call_later(self.cfg.duration_s, self.stop)
             await self._stop.wait()
@@ -231,8 +237,8 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
-            if self.idle_gc is not None:
-                self.idle_gc.close()
+            if self.recording.idle_gc is not None:
+                self.recording.idle_gc.close()
             if self._proxy_server is not None:
                 await self._proxy_server.close(SHUTDOWN_GRACE_S)
             for runner in self._runners:
@@ -240,20 +246,19 @@ class Agent(Recording, LiveDiagnosis, ReportPage):
             if self._grpc is not None:
                 await self._grpc.stop(1.0)
             try:
-                self.diagnose_now()
+                self.live.diagnose_now()
             except Exception:
                 log.exception("final diagnosis failed")
-            if self.otel:
-                self.otel.shutdown()
+            if self.live.otel:
+                self.live.otel.shutdown()
             self._pool.shutdown(wait=False, cancel_futures=True)
             for c in self.cfg.collectors:
                 close = getattr(c, "close", None)
                 if close is not None:
                     close()
             self.live_worker.close()
-            if self._render_pool is not None:
-                stop_pool(self._render_pool)
-            self.flush_meta()
+            self.report.close()
+            self.recording.flush_meta()
             self.writer.close()
 
 

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from ..capture.queued import QueuedWriter
+from ..capture import QueuedWriter
 from ..diagnosis import Incident
 from ..model import Event
 from .live_worker import LiveWorker, StepResult
@@ -20,22 +20,32 @@ log = logging.getLogger("kvdoctor.attach")
 
 
 class LiveDiagnosis:
-    """Mixed into :class:`~kvdoctor.sidecar.agent.Agent`, which sets these up."""
+    """The agent's live diagnosis. ``writer``, ``metrics``, ``live_worker``, ``stop`` and ``pool``
+    are the agent's, shared; it sets ``proxy`` (the relay: requests in flight) and ``otel`` (the
+    OpenTelemetry export) when it starts them."""
 
-    cfg: Any  # AttachConfig
-    writer: QueuedWriter
-    metrics: Metrics
-    live_worker: LiveWorker
-    #: the live diagnoser's incidents as of its last step (open ones and the last closed ones)
-    incidents: list[Incident]
-    steps: int
-    otel: Any
-    _stop: asyncio.Event
-    _pool: concurrent.futures.ThreadPoolExecutor
-    _live_lock: threading.Lock
-    _proxy: Any
+    def __init__(self, cfg: Any, writer: QueuedWriter, metrics: Metrics, live_worker: LiveWorker,
+                 stop: asyncio.Event, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self.cfg = cfg  # AttachConfig
+        self.writer = writer
+        self.metrics = metrics
+        self.live_worker = live_worker
+        self._stop = stop
+        self._pool = pool
+        # a gauge starts at 0, which for this one reads "KV full now": unknown until the first step
+        self.metrics["kvdoctor_kv_full_forecast_seconds"].set(float("nan"))
+        #: the live diagnoser's incidents as of its last step (open ones and the last closed ones)
+        self.incidents: list[Incident] = []
+        self.steps = 0
+        self.otel: Any = None
+        self.proxy: Any = None
+        self._live_lock = threading.Lock()
 
-    async def _diagnose_loop(self) -> None:
+    def open_incidents(self) -> int:
+        return sum(1 for i in self.incidents if i.open)
+
+    async def run(self) -> None:
+        """A step every ``options.step_s`` until the agent stops."""
         step = self.cfg.options.step_s
         while not self._stop.is_set():
             try:
@@ -57,7 +67,7 @@ class LiveDiagnosis:
     def _new_records(self, now_s: float) -> tuple[dict[str, list], list]:
         """What the worker has not seen, and the requests still waiting or streaming (on the
         loop thread, which appends records)."""
-        in_flight = self._proxy.in_flight_records() if self._proxy is not None else []
+        in_flight = self.proxy.in_flight_records() if self.proxy is not None else []
         return self.live_worker.take_new(now_s), in_flight
 
     def _evaluate(self, new: dict[str, list], in_flight: list, now_s: float) -> tuple[list[Incident], list[Incident]]:
@@ -98,7 +108,6 @@ class LiveDiagnosis:
 
     def _announce(self, what: str, inc: Incident) -> None:
         from ..report.summary import live_incident_text
-
         from ..units import printable
 
         text = live_incident_text(inc, what, self.writer.meta.engine)

@@ -14,15 +14,14 @@ import dataclasses
 import logging
 from typing import Any
 
-from ..capture.memory import from_records
+from ..capture import from_records
 from ..diagnosis import Incident, Options, Rule
 from ..diagnosis.live import LiveDiagnoser
-from ..model import CaptureMeta
+from ..model import KINDS, CaptureMeta
 from ..workers import stop_pool, worker_pool
 
 log = logging.getLogger("kvdoctor.attach")
 
-KINDS = ("requests", "gpu", "host", "engine", "events")
 #: the window percentiles exported to /metrics: (signal prefix, metric name)
 PERCENTILES = (("ttft", "kvdoctor_ttft_seconds"), ("tpot", "kvdoctor_tpot_seconds"),
                ("itl", "kvdoctor_itl_seconds"), ("e2e", "kvdoctor_e2e_seconds"))

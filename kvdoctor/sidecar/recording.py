@@ -21,22 +21,31 @@ log = logging.getLogger("kvdoctor.attach")
 
 
 class Recording:
-    """Mixed into :class:`~kvdoctor.sidecar.agent.Agent`, which sets these up."""
+    """The agent's Sink (:class:`~kvdoctor.sidecar.agent.Agent` hands it to every source) and what
+    it knows of the sources and the capture. ``writer``, ``metrics``, ``live_worker``, ``stop`` and
+    ``pool`` are the agent's, shared; ``open_incidents`` counts the live diagnosis' open incidents."""
 
-    cfg: Any  # AttachConfig
-    writer: QueuedWriter
-    metrics: Metrics
-    live_worker: Any  # LiveWorker
-    incidents: list
-    started_s: float
-    errors: dict[str, dict[str, Any]]
-    _status: dict[str, tuple[bool, str]]
-    _errors_logged: set[tuple[str, str]]
-    _stop: asyncio.Event
-    _pool: concurrent.futures.ThreadPoolExecutor
-    idle_gc: Any  # IdleCollector or None
-    identify: Any  # IdentifyCollector or None
-    _meta_pool: concurrent.futures.ThreadPoolExecutor | None = None
+    def __init__(self, cfg: Any, writer: QueuedWriter, metrics: Metrics, live_worker: Any, stop: asyncio.Event,
+                 pool: concurrent.futures.ThreadPoolExecutor, open_incidents: Callable[[], int],
+                 identify: Any = None) -> None:
+        self.cfg = cfg  # AttachConfig
+        self.writer = writer
+        self.metrics = metrics
+        self.live_worker = live_worker  # LiveWorker: gets every record for the live window
+        self._stop = stop
+        self._pool = pool
+        self._open_incidents = open_incidents
+        #: the IdentifyCollector (kvdoctor.collect.identify) or None: asked again when the server returns
+        self.identify = identify
+        self.started_s = time.time()
+        self.errors: dict[str, dict[str, Any]] = {}  # source -> {count, last}: unexpected errors
+        self._errors_logged: set[tuple[str, str]] = set()
+        self._status: dict[str, tuple[bool, str]] = {}
+        #: the garbage collections run between proxied requests (cfg.gc_between_requests), for /healthz
+        self.idle_gc: Any = None
+        #: meta.json's writes, on a thread of their own (_meta_later)
+        self._meta_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._set_info(None)
 
     # -- the Sink protocol: every record from every source comes through here ----------------
     def emit(self, record: Any) -> None:
@@ -139,7 +148,7 @@ class Recording:
             log.info("%s: reading again", name)
 
     # -- the polled sources' loop -------------------------------------------------------
-    async def _poll(self, c: PolledCollector) -> None:
+    async def poll(self, c: PolledCollector) -> None:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             now = time.time()
@@ -173,7 +182,7 @@ class Recording:
                 "records": dict(w.counts), "capture_dropped": dropped, "capture_error": w.last_error,
                 "sources": {k: {"ok": v[0], "detail": v[1]} for k, v in self._status.items()},
                 "errors": {k: dict(v) for k, v in self.errors.items()},
-                "open_incidents": sum(1 for i in self.incidents if i.open),
+                "open_incidents": self._open_incidents(),
                 "gc": self._gc_health()}
 
     def _gc_health(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..capture.queued import QueuedWriter
+from ..capture import QueuedWriter
 from ..diagnosis import Options, Rule
 from ..workers import stop_pool, worker_pool
 
@@ -29,17 +29,25 @@ class RenderedPage:
 
 
 class ReportPage:
-    """Mixed into :class:`~kvdoctor.sidecar.agent.Agent`, which sets these up."""
+    """The agent's /report: ``page()`` renders the capture so far (``writer``'s, the agent's)."""
 
-    cfg: Any  # AttachConfig
-    writer: QueuedWriter
-    reports_rendered: int
-    _report_lock: threading.Lock
-    _report_cache: tuple[int, float, RenderedPage] | None  # (records at render, monotonic time, page)
-    report_reuse_s: float = REPORT_REUSE_S
-    _render_pool: concurrent.futures.ProcessPoolExecutor | None
+    def __init__(self, cfg: Any, writer: QueuedWriter) -> None:
+        self.cfg = cfg  # AttachConfig
+        self.writer = writer
+        self.reports_rendered = 0
+        self.report_reuse_s = REPORT_REUSE_S
+        self._report_lock = threading.Lock()
+        self._report_cache: tuple[int, float, RenderedPage] | None = None  # (records at render, monotonic time, page)
+        self._render_pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-    def report_page(self) -> RenderedPage | None:
+    def close(self) -> None:
+        if self._render_pool is not None:
+            stop_pool(self._render_pool)
+            self._render_pool = None
+
+    def page(self) -> RenderedPage | None:
+        """The page (None without plotly), rendered anew only when records arrived and the last
+        one is older than ``report_reuse_s``."""
         try:
             import plotly  # noqa: F401  (the report's one optional dependency)
         except ImportError:

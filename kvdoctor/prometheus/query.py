@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..engines import TABLES
 from ..engines.neutral import NEUTRAL, EngineTable, Wire
-from ..engines.promtext import FOLD, _key
+from ..engines.promtext import FOLD
+from ..engines import canonical
 from ..errors import InputError
 from .. import timeparse
 from ..timeparse import epoch_or_iso
@@ -163,6 +164,13 @@ def discovery_selectors(sel: Selectors | str) -> list[str]:
     return [one(engine, sel.engine), one({DCGM_PREFIX}, sel.gpu), one({"kvdoctor_"}, sel.sidecar)]
 
 
+def _family(name: str) -> str:
+    """A metric's family as the engine tables name it: the canonical prefix, without ``_total``
+    (a counter is stored with it, and listed in a table with or without it)."""
+    name = canonical(name)
+    return name[:-6] if name.endswith("_total") else name
+
+
 @dataclass(frozen=True)
 class Planned:
     """One query_range: a wire name as stored (``name``), the table and entries it maps by."""
@@ -190,7 +198,7 @@ def plan(names: list[str], sel: Selectors | str) -> list[Planned]:
         if name.endswith(("_sum", "_count", "_created")):
             continue
         for t in TABLES:
-            rows = tuple((i, w) for i, w in enumerate(t.metrics) if _key(w.wire) == _key(base)
+            rows = tuple((i, w) for i, w in enumerate(t.metrics) if _family(w.wire) == _family(base)
                          and not w.neutral.startswith("config:")
                          and (NEUTRAL[w.neutral].kind == "histogram") == hist)
             if rows:

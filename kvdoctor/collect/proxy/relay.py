@@ -1,41 +1,10 @@
-"""A streaming reverse proxy in front of any OpenAI-compatible server, recording one
-:class:`~kvdoctor.model.RequestRecord` per completion request.
+"""The relay: each request to the proxy goes upstream, each response back to its client, and
+completion requests are annotated and recorded on the way (fail-open: analysis never stands in
+the way of traffic). The retry of a request a stale pooled connection swallowed lives here too.
 
-    server = await start_proxy("http://127.0.0.1:8080", sink, port=9000)
-    ...  # point clients at http://127.0.0.1:9000 instead of :8080
-    await server.close()
-
-What it does:
-
-* Every method and path goes to the upstream unchanged (``/health``, ``/metrics``,
-  ``/v1/models`` ... work through the proxy); request and response bodies byte for byte,
-  status and end-to-end headers unchanged. Hop-by-hop headers (Connection, Keep-Alive,
-  Transfer-Encoding, TE, Trailer, Upgrade, Proxy-*, and those named in Connection) are
-  dropped; compressed bodies stay compressed (no decompression on either side).
-* Response bodies are forwarded chunk by chunk as they arrive, never buffered whole.
-* ``POST /v1/chat/completions`` and ``POST /v1/completions`` are also analysed: arrival,
-  first content chunk (TTFT), each later content chunk (ITL), finish, tokens from ``usage``
-  or llama.cpp ``timings`` (``cache_n`` -> cached prompt tokens), conversation id, turn,
-  prefix block hashes and output repetition (see :mod:`kvdoctor.collect.textstats`). No
-  text is kept unless ``store_text``.
-* Fail-open: an exception in the analysis is logged once per kind and that request's
-  record is dropped; the bytes still flow. Upstream unreachable -> 502 with a short JSON
-  error and ``sink.source_status("proxy", False, ...)`` once, ``True`` again on recovery.
-* Stale keep-alive connections: llama.cpp closes the connection after every streamed
-  response (and any used > 5 s); a request written on such a pooled connection before
-  its FIN arrives gets no answer. Such a request (failed within ``RETRY_WITHIN_S``) is sent
-  once more on a new connection, and after the first such event streamed responses' upstream
-  connections are no longer pooled. Clients never see a spurious 502.
-
-Overhead: on the critical path only a clock read and an incremental SSE split + one
-``orjson.loads`` per event; the request body is parsed after the response is complete.
-
-This module is the relay (the handler, retries, fail-open); the client side is
-:mod:`kvdoctor.collect.proxy_server`, the upstream leg :mod:`kvdoctor.collect.upstream`; the
-per-chunk annotation is :mod:`kvdoctor.collect.proxy_stream`, the record built from it
-:mod:`kvdoctor.collect.proxy_record`; a plain request is sent on before it is parsed
-(:mod:`kvdoctor.collect.proxy_plain`) and the response written from the upstream's read callbacks
-while nothing makes it wait (:mod:`kvdoctor.collect.proxy_eager`).
+:func:`make_proxy` wires it to its HTTP server (:mod:`.http`); the per-chunk analysis is
+:mod:`.sse`, the record built from it :mod:`.record`, and the response is written from the
+upstream's read callbacks while nothing makes it wait (:mod:`.eager`).
 """
 from __future__ import annotations
 
@@ -46,18 +15,11 @@ from typing import Any, Sequence
 import orjson
 from yarl import URL
 
-from kvdoctor.collect.proxy_eager import EagerRelay
-from kvdoctor.collect.proxy_exchange import Reply, Request
-from kvdoctor.collect.proxy_plain import plain_request
-from kvdoctor.collect.proxy_record import build_record, client_request_id, traceparent_trace_id
-from kvdoctor.collect.proxy_server import ProxyServer
-from kvdoctor.collect.proxy_stream import MAX_ANALYSED_BODY, MAX_SSE_EVENT_BYTES, StreamAnnotator
-from kvdoctor.collect.upstream import ClosedEarly, Malformed, Response, UpstreamClient, UpstreamError
-from kvdoctor.model import RequestRecord
-
-#: importable from here as before the split (tests, the sidecar, benchmarks)
-__all__ = ["ANALYSED_PATHS", "MAX_ANALYSED_BODY", "MAX_SSE_EVENT_BYTES", "SOURCE_NAME", "ProxyServer",
-           "StreamAnnotator", "client_request_id", "make_proxy", "start_proxy", "traceparent_trace_id"]
+from ...model import RequestRecord
+from .eager import EagerRelay
+from .http import ClosedEarly, Malformed, ProxyServer, Reply, Request, Response, UpstreamClient, UpstreamError
+from .record import build_record, client_request_id, traceparent_trace_id
+from .sse import MAX_ANALYSED_BODY, StreamAnnotator
 
 log = logging.getLogger("kvdoctor.proxy")
 
@@ -83,7 +45,7 @@ RETRY_WITHIN_S = 1.0
 REUSE_WITHIN_S = 4.0
 
 
-def _end_to_end(raw: Sequence[tuple[bytes, bytes]], drop: frozenset[bytes] = frozenset()
+def end_to_end(raw: Sequence[tuple[bytes, bytes]], drop: frozenset[bytes] = frozenset()
                 ) -> list[tuple[bytes, bytes]]:
     """Headers as received (bytes) less the hop-by-hop ones (the fixed set, Proxy-*, those named
     in Connection) and ``drop``. One pass (it is on the relay's hot path, both legs)."""
@@ -121,7 +83,10 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:200].encode("ascii", "backslashreplace").decode()
 
 
-class _Proxy:
+class Relay:
+    """What serves a :class:`ProxyServer`'s requests (``server.proxy``): its ``stats``, the
+    requests in flight, the upstream pool (``client``)."""
+
     def __init__(self, upstream_url: str, sink: Any, store_text: bool, block_chars: int,
                  server_label: str | None) -> None:
         if block_chars <= 0:
@@ -140,7 +105,7 @@ class _Proxy:
         self.close_after_stream = False
         self._logged: set[str] = set()
         self.stats = {"requests": 0, "analysed": 0, "records": 0, "analysis_errors": 0,
-                      "upstream_errors": 0, "retries": 0, "fast_path": 0}
+                      "upstream_errors": 0, "retries": 0}
         #: analysed requests not answered yet: live diagnosis counts them (queued requests
         #: would otherwise be invisible until they finish, exactly when they matter)
         self.in_flight: dict[int, StreamAnnotator] = {}
@@ -188,31 +153,18 @@ class _Proxy:
             return
         self._emit(an, body)
 
-    def fast(self, data: bytes) -> Response | None:
-        """The server's fast step: a read that is one whole plain request goes upstream as it came
-        (rewritten for the hop: :func:`plain_request`), before it is parsed; None: not sent."""
-        if not self.client.has_idle:
-            return None
-        split = plain_request(data, self.client.host_header, self.prefix, MAX_ANALYSED_BODY)
-        sent = None if split is None else self.client.begin_raw(*split)
-        if sent is not None:
-            self.stats["fast_path"] += 1
-        return sent
-
     def early(self, request: Request) -> tuple[Any, ...]:
-        """The server's early step (a request whose whole body is in): send it on now, in the read
-        callback, before the handler's task starts (unless ``fast`` already did)."""
-        return self._forward(request, request.body_if_complete(), sent=request.pre)
+        """The server's early step (a request parsed whole, body included): send it on now, in the
+        read callback, before the handler's task starts."""
+        return self._forward(request, request.body_if_complete())
 
-    def _forward(self, request: Request, body: bytes, send: bool = True,
-                 sent: Response | None = None) -> tuple[Any, ...]:
+    def _forward(self, request: Request, body: bytes, send: bool = True) -> tuple[Any, ...]:
         """Write a request with its whole body upstream at once on an idle pooled connection (its
         bookkeeping follows while the upstream works on it); ``sent`` None: no connection was idle
         (or not ``send``: a streamed body, which :meth:`_handle` sends). ``out`` (method, target,
         headers) is what a retry sends."""
-        out = (request.method_raw, self.prefix + request.target, _end_to_end(request.headers, _REQ_DROP))
-        if sent is None and send:
-            sent = self.client.begin(*out, body)
+        out = (request.method_raw, self.prefix + request.target, end_to_end(request.headers, _REQ_DROP))
+        sent = self.client.begin(*out, body) if send else None
         return body, out, sent, time.monotonic()
 
     async def handle(self, request: Request, reply: Reply) -> None:
@@ -256,8 +208,8 @@ class _Proxy:
         method, target, headers = out
         length = request.content_length if stream is not None else None  # the client's framing, else chunked
         # the response's head and chunks go to the client from the upstream's read callbacks while
-        # they can (proxy_eager); the analysis state lives there, for this task to take over
-        rs = EagerRelay(reply, an, request.method == "HEAD", _end_to_end, self._fail)
+        # they can (eager.py); the analysis state lives there, for this task to take over
+        rs = EagerRelay(reply, an, request.method == "HEAD", end_to_end, self._fail)
         try:
             try:
                 if sent is not None:
@@ -372,8 +324,8 @@ def make_proxy(upstream_url: str, sink: Any, *, store_text: bool = False,
     request to ``upstream_url`` and emitting a :class:`RequestRecord` to ``sink`` for each
     completion request (see module doc). ``server.proxy`` holds its ``stats`` and in-flight
     requests. ``server_label`` (default ``host:port`` of the upstream) goes into ``record.server``."""
-    proxy = _Proxy(upstream_url, sink, store_text, block_chars, server_label)
-    server = ProxyServer(proxy.handle, proxy.early, whole_body_max=MAX_ANALYSED_BODY, fast=proxy.fast)
+    proxy = Relay(upstream_url, sink, store_text, block_chars, server_label)
+    server = ProxyServer(proxy.handle, proxy.early, whole_body_max=MAX_ANALYSED_BODY)
     server.proxy = proxy
     server.on_close.append(proxy.client.close)
     return server

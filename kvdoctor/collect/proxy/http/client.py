@@ -13,9 +13,9 @@ at the median (benchmarks/bench_proxy.py part B). Here a request is one ``transp
 each body chunk goes from the protocol callback to the relay's waiting ``read``.
 
 One exchange at a time per connection, no pipelining. A response head is bounded
-(:data:`MAX_HEAD_BYTES`, :data:`MAX_HEADERS`): past either it is :class:`Malformed`, like a bad
-status line or bad chunking. A body is read with flow control: past :data:`HIGH_WATER_BYTES`
-not yet taken by the relay (a slow client), reading from the upstream pauses.
+(:mod:`.limits`): past either bound it is :class:`Malformed`, like a bad status line or bad
+chunking. A body is read with flow control: past ``HIGH_WATER_BYTES`` not yet taken by the relay
+(a slow client), reading from the upstream pauses.
 """
 from __future__ import annotations
 
@@ -29,12 +29,7 @@ from typing import Any, NoReturn
 import httptools
 from yarl import URL
 
-from kvdoctor.collect.upstream_response import (HIGH_WATER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, BrokeMidBody,
-                                                ClosedEarly, Malformed, Response, Unreachable, UpstreamError,
-                                                HeadTooLarge)
-
-__all__ = ["HIGH_WATER_BYTES", "MAX_HEADERS", "MAX_HEAD_BYTES", "BrokeMidBody", "ClosedEarly", "Malformed",
-           "Response", "Unreachable", "UpstreamClient", "UpstreamError"]
+from .response import BrokeMidBody, ClosedEarly, Unrelayable, Malformed, Response, Unreachable, UpstreamError
 
 #: an idle pooled connection older than this is not used (below the common 5 s server
 #: keep-alive of llama.cpp/cpp-httplib and uvicorn: the server would be about to close it)
@@ -44,7 +39,7 @@ DNS_TTL_S = 300.0
 CONNECT_TIMEOUT_S = 10.0
 
 
-class _Conn(asyncio.Protocol):
+class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("loop", "transport", "parser", "response", "lost", "reusable", "used", "idle_since",
                  "_drain", "_write_paused")
 
@@ -74,8 +69,10 @@ class _Conn(asyncio.Protocol):
         r.read_stamp = None
         try:
             self.parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade, HeadTooLarge) as e:
-            self._broken(e)  # HttpParserUpgrade: 101 Switching Protocols, not relayed
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, Unrelayable) as e:
+            # HttpParserUpgrade: 101 Switching Protocols, not relayed; raised in a callback, our own
+            # refusal reaches us as llhttp's callback error, with ours as its context
+            self._broken(e.__context__ if isinstance(e.__context__, Unrelayable) else e)
 
     def _broken(self, e: BaseException) -> None:
         self.reusable = False
@@ -160,7 +157,7 @@ class UpstreamClient:
             self._literal = False
         self._addrs: list[tuple[Any, ...]] = []
         self._addrs_at = 0.0
-        self._idle: list[_Conn] = []
+        self._idle: list[UpstreamConnection] = []
         self._closed = False
 
     async def _resolve(self, loop: asyncio.AbstractEventLoop) -> list[tuple[Any, ...]]:
@@ -171,28 +168,28 @@ class UpstreamClient:
             self._addrs_at = now
         return self._addrs
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         try:
             return await asyncio.wait_for(self._open(loop), CONNECT_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
             raise Unreachable(f"cannot connect to {self.host}:{self.port}: {type(e).__name__}: {e}") from None
 
-    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Conn:
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> UpstreamConnection:
         if self._literal:
-            _, conn = await loop.create_connection(lambda: _Conn(loop), self.host, self.port, ssl=self.ssl)
+            _, conn = await loop.create_connection(lambda: UpstreamConnection(loop), self.host, self.port, ssl=self.ssl)
             return conn  # type: ignore[return-value]
         last: BaseException | None = None
         for _fam, addr in await self._resolve(loop):
             try:
-                _, conn = await loop.create_connection(lambda: _Conn(loop), addr[0], addr[1], ssl=self.ssl,
+                _, conn = await loop.create_connection(lambda: UpstreamConnection(loop), addr[0], addr[1], ssl=self.ssl,
                                                        server_hostname=self.host if self.ssl else None)
                 return conn  # type: ignore[return-value]
             except OSError as e:
                 last = e
         raise last or OSError(f"no address for {self.host}")
 
-    def _pooled(self) -> _Conn | None:
+    def _pooled(self) -> UpstreamConnection | None:
         now = time.monotonic()
         while self._idle:
             c = self._idle.pop()
@@ -210,29 +207,11 @@ class UpstreamClient:
         conn = self._pooled()
         return None if conn is None else self._write(conn, method, target, headers, body, None, None)
 
-    @property
-    def has_idle(self) -> bool:
-        """A pooled connection may be free for :meth:`begin_raw` (a cheap test before building a head)."""
-        return bool(self._idle)
-
-    def begin_raw(self, head: bytes, body: bytes) -> Response | None:
-        """:meth:`begin` for a request already rewritten for this hop (``head`` its whole head,
-        ``Host`` and framing included: :func:`~kvdoctor.collect.proxy_plain.plain_request`)."""
-        conn = self._pooled()
-        if conn is None:
-            return None
-        failed: BaseException | None = None
-        try:
-            conn.transport.writelines((head, body)) if body else conn.transport.write(head)  # type: ignore[union-attr]
-        except (ConnectionError, OSError) as e:
-            failed = e
-        return self._exchange(conn, failed, False)
-
     async def send(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
                    body: bytes | None = None, stream: Any = None, stream_length: int | None = None,
                    fresh: bool = False) -> Response:
         """Send one request; return once its response head is parsed. ``body``: the whole body;
-        ``stream``: anything with ``iter_any()`` (the proxy's :class:`~kvdoctor.collect.proxy_server.Request`)
+        ``stream``: anything with ``iter_any()`` (the proxy's :class:`~kvdoctor.collect.proxy.http.exchange.Request`)
         to forward as it arrives (``stream_length`` its declared length, else chunked); an error
         reading it reaches the caller as raised. ``fresh``: never a pooled connection. Raises
         :class:`UpstreamError` subclasses."""
@@ -250,7 +229,7 @@ class UpstreamClient:
                 self._head_failed(r, e)
         return await self.head(r)
 
-    def _write(self, conn: _Conn, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+    def _write(self, conn: UpstreamConnection, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
                body: bytes | None, stream: Any, stream_length: int | None) -> Response:
         """Start the exchange on ``conn``: the head (and ``body``) written at once, then the
         response's object and parser made (nothing can arrive before this returns to the loop,
@@ -276,7 +255,7 @@ class UpstreamClient:
             failed = e
         return self._exchange(conn, failed, method == b"HEAD")
 
-    def _exchange(self, conn: _Conn, failed: BaseException | None, head_only: bool) -> Response:
+    def _exchange(self, conn: UpstreamConnection, failed: BaseException | None, head_only: bool) -> Response:
         """The response object and its parser for a request just written on ``conn``."""
         r = Response(conn, head_only=head_only)
         conn.parser = httptools.HttpResponseParser(r)
@@ -306,7 +285,7 @@ class UpstreamClient:
             raise ClosedEarly(f"connection lost while sending: {type(e).__name__}") from None
         raise e
 
-    async def _send_stream(self, conn: _Conn, stream: Any, chunked: bool) -> None:
+    async def _send_stream(self, conn: UpstreamConnection, stream: Any, chunked: bool) -> None:
         assert conn.transport is not None
         chunks = stream.iter_any()
         while True:

@@ -14,14 +14,12 @@ as soon as a request's whole body is in, before the handler's task starts (a rel
 on there: a task start and a loop step less before the bytes leave); what it returns is
 ``request.early``. Only for a request served at once whose body is declared at most
 ``whole_body_max`` bytes; a larger or chunked body goes to the handler at its head, to stream.
-``fast(data)`` (optional, synchronous) goes one step sooner: it sees each read on an idle
-connection before the parser does, and may send it on as it came (a whole plain request: see
-:mod:`kvdoctor.collect.proxy_plain`); what it returns (None: it did not) is ``request.pre`` for
-``early``, and is ``abandon()``-ed if the parser then refuses the request.
+Nothing is sent on before llhttp has parsed the whole request: what the upstream gets is what
+the parser read, never a guess at it.
 Request bodies are handed over as they arrive, with a high-water mark that pauses reading from the
 client. A request head over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` lines gets 431, one the
 parser rejects 400, both with ``Connection: close``.
-Response framing (:class:`~kvdoctor.collect.proxy_exchange.Reply`): the upstream's
+Response framing (:class:`~kvdoctor.collect.proxy.http.exchange.Reply`): the upstream's
 ``Content-Length`` when it sent one, else chunked to an HTTP/1.1 client, else (HTTP/1.0) the body
 ends with the connection.
 """
@@ -35,11 +33,8 @@ from typing import Any, Awaitable, Callable
 
 import httptools
 
-from kvdoctor.collect.proxy_exchange import HIGH_WATER_BYTES, PHRASES, Reply, Request
-#: the bounds of a head, the same for a request here as for the upstream's answer
-from kvdoctor.collect.upstream_response import MAX_HEAD_BYTES, MAX_HEADERS
-
-__all__ = ["HIGH_WATER_BYTES", "KEEPALIVE_S", "MAX_HEADERS", "MAX_HEAD_BYTES", "ProxyServer", "Reply", "Request"]
+from .exchange import PHRASES, Reply, Request
+from .limits import MAX_HEAD_BYTES, MAX_HEADERS, chunked_only
 
 log = logging.getLogger("kvdoctor.proxy")
 
@@ -49,7 +44,7 @@ KEEPALIVE_S = 75.0
 Handler = Callable[[Request, Reply], Awaitable[None]]
 
 
-class _Conn(asyncio.Protocol):
+class ClientConnection(asyncio.Protocol):
     """One client connection: parses requests, runs the handler for one at a time."""
 
     def __init__(self, server: "ProxyServer") -> None:
@@ -64,9 +59,6 @@ class _Conn(asyncio.Protocol):
         self._queue: collections.deque[Request] = collections.deque()  # parsed heads, not yet handled
         self._task: asyncio.Task[None] | None = None
         self._bad = False
-        #: what ``fast`` sent for the request being parsed, and when that request arrived
-        self._pre: Any = None
-        self._pre_s = (0.0, 0.0)
         #: when the connection last had nothing to do (ProxyServer._sweep closes it after KEEPALIVE_S)
         self.idle_since = time.monotonic()
 
@@ -123,13 +115,6 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._bad:
             return
-        srv = self.server
-        if srv.fast is not None and self._req is None and not self._queue:
-            self._pre_s = (time.time(), time.perf_counter())
-            try:
-                self._pre = srv.fast(data)
-            except Exception as e:  # noqa: BLE001 - the slow path then sends it
-                log.error("proxy: the fast step failed: %s: %s", type(e).__name__, e, exc_info=e)
         try:
             self.parser.feed_data(data)
         except _Refused as e:
@@ -144,18 +129,12 @@ class _Conn(asyncio.Protocol):
     def _refuse(self, status: int, message: str) -> None:
         """An answer the handler never sees: the head could not be read. Closes after it."""
         self._bad = True
-        self._abandon()
         if self._task is None or self._task.done():
             body = b'{"error":{"message":"%s","type":"bad_request","code":%d}}' % (
                 message.replace('"', "'").encode("ascii", "backslashreplace"), status)
             self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                                  b"Connection: close\r\n\r\n%s" % (status, PHRASES[status], len(body), body))
         self.transport.close()
-
-    def _abandon(self) -> None:
-        pre, self._pre = self._pre, None
-        if pre is not None:
-            pre.abandon()
 
     # ---- httptools callbacks
     def on_message_begin(self) -> None:
@@ -173,11 +152,13 @@ class _Conn(asyncio.Protocol):
         r._head_bytes += len(name) + len(value) + 4
         if r._head_bytes > MAX_HEAD_BYTES or len(r.headers) >= MAX_HEADERS:
             raise _Refused(431, f"request head over {MAX_HEAD_BYTES >> 10} KiB or {MAX_HEADERS} header lines")
+        if r.head_s[1]:  # a trailer, after a chunked body: not one of the request's headers, never forwarded
+            return
         r.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         r, p = self._req, self.parser
-        r.head_s = self._pre_s if self._pre is not None else (time.time(), time.perf_counter())
+        r.head_s = (time.time(), time.perf_counter())
         r.method_raw = m = p.get_method()
         r.method = m.decode("ascii", "replace")
         r.version = p.get_http_version()
@@ -192,7 +173,9 @@ class _Conn(asyncio.Protocol):
             lk = k.lower()
             if lk == b"content-length":
                 r.content_length = int(v)  # llhttp has validated it
-            elif lk == b"transfer-encoding" and b"chunked" in v.lower():
+            elif lk == b"transfer-encoding":
+                if not chunked_only(v):
+                    raise _Refused(501, "transfer codings other than chunked are not proxied")
                 r.chunked = True
             elif lk == b"expect" and v.lower() == b"100-continue" and r.version == "1.1":
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -202,7 +185,6 @@ class _Conn(asyncio.Protocol):
             if srv.early is not None and not r.chunked and (r.content_length or 0) <= srv.whole_body_max:
                 r._deferred = True  # started once the body is in (on_message_complete)
             else:
-                self._abandon()  # not the request fast took it for (cannot happen: its checks are stricter)
                 self._start()
         else:  # pipelined behind a request still being answered: take nothing more until then
             self.pause_reading()
@@ -216,13 +198,9 @@ class _Conn(asyncio.Protocol):
         self._req = None
         if r._deferred:
             r._deferred = False
-            r.pre, self._pre = self._pre, None
             try:
                 r.early = self.server.early(r)  # type: ignore[misc]
             except Exception as e:  # noqa: BLE001 - the handler then does it all itself
-                if r.pre is not None:  # it sends the request again: the first one is cut
-                    r.pre.abandon()
-                    r.pre = None
                 log.error("proxy: the early step failed for %s %s: %s: %s", r.method, r.path[:80],
                           type(e).__name__, e, exc_info=e)
             self._start()
@@ -274,13 +252,12 @@ class ProxyServer:
     """Listens and serves ``handler`` (``async (Request, Reply) -> None``) on every connection."""
 
     def __init__(self, handler: Handler, early: Callable[[Request], Any] | None = None,
-                 whole_body_max: int = 0, fast: Callable[[bytes], Any] | None = None) -> None:
+                 whole_body_max: int = 0) -> None:
         self.handler = handler
         self.early = early
-        self.fast = fast if early is not None else None  # what it sent, only early can take on
         self.whole_body_max = whole_body_max
         self._server: asyncio.AbstractServer | None = None
-        self._conns: set[_Conn] = set()
+        self._conns: set[ClientConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.port: int | None = None
         #: set by close(): a connection is closed after its answer in progress
@@ -299,7 +276,7 @@ class ProxyServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on ``host:port`` (0: any free port); return the bound port. OSError if taken."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Conn(self), host, port, reuse_address=True)
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._sweeper = loop.call_later(KEEPALIVE_S / 5, self._sweep)
         return self.port

@@ -1,5 +1,5 @@
 """The proxy's :class:`~kvdoctor.model.RequestRecord` for one completion request, built from its
-:class:`~kvdoctor.collect.proxy_stream.StreamAnnotator` once the response is complete (off the
+:class:`~kvdoctor.collect.proxy.sse.StreamAnnotator` once the response is complete (off the
 relay's critical path): outcome (through the one error classifier, :mod:`kvdoctor.error_classes`),
 tokens from ``usage`` or llama.cpp ``timings``, latencies, and the prompt's conversation id, turn
 and prefix block hashes (:mod:`kvdoctor.collect.textstats`).
@@ -12,11 +12,11 @@ from typing import Any
 
 import orjson
 
-from kvdoctor import error_classes
-from kvdoctor.collect import textstats
-from kvdoctor.collect.proxy_stream import StreamAnnotator, error_message
-from kvdoctor.model import RequestRecord, derived_fields
-from kvdoctor.numeric import percentile_sorted
+from ... import error_classes
+from ...model import RequestRecord, derived_fields
+from ...numeric import percentile_sorted
+from .. import textstats
+from .sse import StreamAnnotator, error_message
 
 #: most characters of an error message kept in a record
 ERROR_CHARS = 200
@@ -49,7 +49,7 @@ def build_record(an: StreamAnnotator, request_body: bytes, block_chars: int, ser
     req = orjson.loads(request_body) if request_body else None
     if not isinstance(req, dict):
         req = None
-    msgs = textstats._messages(req)
+    msgs = textstats.chat_messages(req)
     prompt = textstats.render_prompt(req)
     hashes = textstats.prefix_block_hashes(prompt, block_chars) if prompt else None
     error, err_type, out_text = _read_body(an)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kvdoctor.collect.proxy_exchange import Reply
-from kvdoctor.collect.proxy_stream import StreamAnnotator
+from .http import Reply
+from .sse import StreamAnnotator
 
 
 class EagerRelay:
-    """The hook an upstream :class:`~kvdoctor.collect.upstream_response.Response` calls: ``head(r)``
+    """The hook an upstream :class:`~kvdoctor.collect.proxy.http.Response` calls: ``head(r)``
     once its final head is parsed, ``body(r, chunk)`` per body chunk (True: written here, not
     queued; the chunks of one read share one timestamp, ``r.read_stamp``).
     ``an`` is the request's annotator (None once analysis failed: the task reads it from here)."""
@@ -72,7 +72,7 @@ class EagerRelay:
         except Exception:  # noqa: BLE001 - not written (the client left): the task tries and sees why
             self.on = False
             return False
-        if self.reply._conn.write_paused:
+        if self.reply.write_paused:
             self.on = False  # the client reads slower than the upstream sends: the task waits for it
         self.feed(chunk, now)
         return True

@@ -1,5 +1,5 @@
 """One request to the proxy and its reply, as the proxy's server side
-(:mod:`kvdoctor.collect.proxy_server`) hands them to the relay: the request's head as received
+(:mod:`kvdoctor.collect.proxy.http.server`) hands them to the relay: the request's head as received
 and its body as it arrives (:class:`Request`), the response written with HTTP/1.1 framing
 (:class:`Reply`)."""
 from __future__ import annotations
@@ -9,9 +9,7 @@ import collections
 import http
 from typing import Any, AsyncIterator
 
-#: the proxy's one buffering bound, both legs: here reading from the client pauses while this many
-#: request-body bytes wait for the handler
-from kvdoctor.collect.upstream_response import HIGH_WATER_BYTES
+from .limits import HIGH_WATER_BYTES
 
 _NO_BODY_STATUS = frozenset({204, 304})
 #: the standard reason phrase per status (for an upstream reason left empty, and own answers)
@@ -24,7 +22,7 @@ class Request:
     its body via :meth:`read` or :meth:`iter_any`."""
 
     __slots__ = ("method", "method_raw", "target", "_path", "headers", "version", "keep_alive", "content_length",
-                 "chunked", "head_s", "early", "pre", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes", "_deferred")
+                 "chunked", "head_s", "early", "_conn", "_chunks", "_queued", "_done", "_waiter", "_head_bytes", "_deferred")
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -46,8 +44,6 @@ class Request:
         self.head_s = (0.0, 0.0)
         #: what the server's ``early`` step returned for this request (None: it did not run)
         self.early: Any = None
-        #: what the server's ``fast`` step sent on for this request before parsing it (None: nothing)
-        self.pre: Any = None
         self._deferred = False
 
     @property
@@ -156,6 +152,11 @@ class Reply:
         else:  # an HTTP/1.0 client keeps the connection only when told so
             out.append(b"\r\n" if self._req.version == "1.1" else b"Connection: keep-alive\r\n\r\n")
         self._conn.transport.write(b"".join(out))
+
+    @property
+    def write_paused(self) -> bool:
+        """The client's buffer is past its high-water mark: :meth:`write` would wait."""
+        return self._conn.write_paused
 
     def write_now(self, chunk: bytes) -> None:
         """Write a body chunk without waiting for the client to read (the caller checks

@@ -1,20 +1,21 @@
 """Where fleet data comes from: a Prometheus server (ranged queries, the step chosen from the
 range and the scrape interval) or a capture saved by `kvdoctor import prometheus-range`. The
-command line and the importer both come here, so neither imports the other."""
+command line, the importer and on-call all come here."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import InputError
+from .captures import from_capture
+from .client import PromClient, PromError
+from .fetch import fetch
+from .query import DEFAULT_SCRAPE_S, Selectors, auto_step, parse_duration, time_range
 
 
 def fetch_from_options(prometheus: str, selector, since, until, prom_start, prom_end, step, group_by,
                        bearer_token, basic_auth, ca_file, insecure, prom_timeout, default_since: str = "1h",
                        gpu_selector: str | None = None, sidecar_selector: str | None = None):
     """FleetData from a Prometheus URL, or from a saved capture folder (offline replay)."""
-    from . import PromClient, fetch, from_capture
-    from .query import Selectors, parse_duration, time_range
-
     if not prometheus.startswith(("http://", "https://")):
         if Path(prometheus).is_dir():
             return from_capture(prometheus)
@@ -28,9 +29,6 @@ def fetch_from_options(prometheus: str, selector, since, until, prom_start, prom
     if step in (None, "auto"):
         # the step follows the range and the scrape interval, so a short range keeps every scrape
         # (a fixed 60 s step leaves a 10-minute range ten points and a 2-minute overload one or two)
-        from . import PromError
-        from .query import DEFAULT_SCRAPE_S, auto_step
-
         try:
             scrape_s = client.scrape_interval_s()
         except PromError as e:

@@ -1,4 +1,4 @@
-"""Fleet fetch: every inference server behind one Prometheus, as engine samples per instance.
+"""Fetch: every inference server behind one Prometheus, as engine samples per instance.
 
 ``fetch`` runs the query plan (query.py) and maps the answers with the engine tables to one
 list of :class:`EngineSample` per instance (grouped by ``group_by`` labels, default
@@ -20,7 +20,7 @@ import numpy as np
 from ..engines.neutral import NEUTRAL, derive
 from ..model import EngineSample, Event
 from .client import PromClient, PromError
-from .query import Planned, Selectors, discovery_selectors, plan
+from .query import MIN_POINTS, MIN_WINDOW_POINTS, Planned, Selectors, discovery_selectors, plan
 
 
 @dataclass
@@ -145,7 +145,6 @@ def fetch(client: PromClient, start: float, end: float, step_s: float, selector:
 def thin_warnings(data: FleetData, lookback_s: float | None = None) -> list[str]:
     """Where the range holds too few samples to judge (a 10-minute range at a 60 s step is ten
     points, and a 2-minute overload one or two of them): say so rather than call it healthy."""
-    from .query import MIN_POINTS, MIN_WINDOW_POINTS
 
     out = []
     if lookback_s is not None and lookback_s / data.step_s < MIN_WINDOW_POINTS:

@@ -1,18 +1,18 @@
-"""Fleet data as captures: one in-memory capture per replica (for the rules), the whole fleet
+"""A Prometheus range as captures: one in-memory capture per replica (for the rules), the whole fleet
 as one saved capture (``import prometheus-range``), and such a capture split back into replicas."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+from ..capture import load_meta, read_dicts
+from ..capture.memory import from_records
 from ..model import CaptureMeta, EngineSample, Event, SourceStatus
 from .fetch import FleetData
 
 
 def capture_for(data: FleetData, server: str):
     """One replica's samples and events as an in-memory capture, for the rules."""
-    from ..capture.memory import from_records
-
     meta = CaptureMeta(created_unix_s=time.time(), clock="unix", engine=data.engines.get(server), server=server,
                        origin="prometheus", sources={"prometheus": SourceStatus(True, data.source)})
     return from_records(meta, engine=data.samples[server], events=data.events.get(server, ()),
@@ -37,14 +37,11 @@ def meta_for(data: FleetData) -> CaptureMeta:
 def from_capture(folder: str | Path) -> FleetData:
     """A capture saved by ``import prometheus-range`` (or any multi-server engine capture) split
     back into instances for offline replay."""
-    from ..capture.reader import load_meta
-    from ..capture.segment_reader import _read_dicts
-
     folder = Path(folder)
     meta = load_meta(folder)
     warnings: list[str] = []
-    eng = _read_dicts(folder, "engine", warnings)
-    evs = _read_dicts(folder, "events", warnings)
+    eng = read_dicts(folder, "engine", warnings)
+    evs = read_dicts(folder, "events", warnings)
     fl = (meta.config or {}).get("fleet", {})
     times = [r["time_s"] for r in eng if "time_s" in r]
     data = FleetData(fl.get("start_s", min(times, default=0.0)), fl.get("end_s", max(times, default=0.0)),

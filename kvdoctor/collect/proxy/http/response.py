@@ -1,21 +1,27 @@
-"""One upstream response as :class:`~kvdoctor.collect.upstream.UpstreamClient` parses it: the
-httptools parser's callbacks fill it (status, headers within bounds, body chunks), the relay
+"""One upstream response as :class:`~kvdoctor.collect.proxy.http.client.UpstreamClient` parses it:
+the httptools parser's callbacks fill it (status, headers within bounds, body chunks), the relay
 takes the body with :meth:`Response.read`; and the errors an exchange can end in."""
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
-if TYPE_CHECKING:
-    from kvdoctor.collect.upstream import _Conn
+from .limits import HIGH_WATER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, chunked_only
 
-#: bytes of status line and headers one response may have (aiohttp's client allowed ~8 KiB a line)
-MAX_HEAD_BYTES = 64 * 1024
-#: header lines one response may have
-MAX_HEADERS = 256
-#: body bytes buffered for a relay that has not taken them yet before the upstream is paused
-HIGH_WATER_BYTES = 1 << 20
+
+class Connection(Protocol):
+    """What a response needs of the upstream connection it arrives on
+    (:class:`~kvdoctor.collect.proxy.http.client.UpstreamConnection`)."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+    parser: Any
+    reusable: bool
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
 
 
 class UpstreamError(Exception):
@@ -38,9 +44,11 @@ class BrokeMidBody(UpstreamError):
     """The response head arrived, then the body broke (closed early, bad chunking)."""
 
 
-class HeadTooLarge(Exception):
-    """The response head went past MAX_HEAD_BYTES or MAX_HEADERS (raised inside the parser;
-    the exchange then ends as :class:`Malformed`)."""
+class Unrelayable(Exception):
+    """A response head the relay will not pass on: past MAX_HEAD_BYTES or MAX_HEADERS, or framed
+    by a transfer coding other than chunked (raised inside the parser; the exchange then ends as
+    :class:`Malformed`)."""
+
 
 
 class Response:
@@ -52,7 +60,7 @@ class Response:
                  "_conn", "_head", "_head_bytes", "_reason_parts", "_head_only",
                  "_delimited", "_paused", "keep_alive", "content_type", "pooled", "eager", "read_stamp")
 
-    def __init__(self, conn: "_Conn", head_only: bool) -> None:
+    def __init__(self, conn: Connection, head_only: bool) -> None:
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -79,7 +87,7 @@ class Response:
         self.pooled = False
         #: the relay's hook, if any, called from the parser: ``head(self)`` once the final head is
         #: in, ``body(self, chunk)`` per body chunk while nothing is queued (True: it took the chunk)
-        #: (:class:`~kvdoctor.collect.proxy_eager.EagerRelay`)
+        #: (:class:`~kvdoctor.collect.proxy.eager.EagerRelay`)
         self.eager: Any = None
         #: the hook's clock reading for the read being parsed (None at each new read): chunks of
         #: one read share it, as a client reading them at once would see them
@@ -134,8 +142,10 @@ class Response:
             self._head.exception()  # retrieved here: a caller that left must not log it
         self._wake()
 
-    # httptools callbacks (called by _Conn.data_received through the parser)
+    # httptools callbacks (called by UpstreamConnection.data_received through the parser)
     def on_message_begin(self) -> None:
+        if self.complete:  # bytes after the whole response (a 204's "body"): never a new head over this one
+            raise Unrelayable("bytes after the end of the response")
         self.headers.clear()
         self._reason_parts.clear()
 
@@ -145,14 +155,14 @@ class Response:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self.headers) >= MAX_HEADERS:
-            raise HeadTooLarge(f"more than {MAX_HEADERS} header lines")
+            raise Unrelayable(f"more than {MAX_HEADERS} header lines")
         self._count(len(name) + len(value) + 4)
         self.headers.append((name, value))
 
     def _count(self, n: int) -> None:
         self._head_bytes += n
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise HeadTooLarge(f"response head over {MAX_HEAD_BYTES} bytes")
+            raise Unrelayable(f"response head over {MAX_HEAD_BYTES} bytes")
 
     def on_headers_complete(self) -> None:
         parser = self._conn.parser
@@ -165,6 +175,8 @@ class Response:
         self._delimited = status in (204, 304)
         for k, v in self.headers:
             lk = k.lower()
+            if lk == b"transfer-encoding" and not chunked_only(v):
+                raise Unrelayable(f"Transfer-Encoding {v[:40]!r}: only chunked is relayed")
             if lk in (b"content-length", b"transfer-encoding"):
                 self._delimited = True
             elif lk == b"content-type":

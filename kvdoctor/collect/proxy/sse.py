@@ -4,7 +4,7 @@
 taken by the caller, then an incremental SSE split and one ``orjson.loads`` per event. It notes
 the first content chunk (TTFT), each later one (ITL), ``usage``/``timings``, the model and an
 error event; a non-SSE body is only kept (up to :data:`MAX_ANALYSED_BODY`) for the record,
-which :func:`kvdoctor.collect.proxy_record.build_record` builds after the response is complete.
+which :func:`kvdoctor.collect.proxy.record.build_record` builds after the response is complete.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from kvdoctor.collect import textstats
+from .. import textstats
 
 #: most bytes of a non-SSE response body kept for its analysis (bigger: no analysis)
 MAX_ANALYSED_BODY = 16 * 1024 * 1024
