@@ -342,8 +342,8 @@ def test_oncall_passes_the_objectives(monkeypatch):
 
 def _fleet_capture(folder: Path) -> Path:
     """A Prometheus range saved as a capture (`import prometheus-range`): two vLLM replicas, one queueing."""
-    from kvdoctor.fleet import FleetData
-    from kvdoctor.fleet.captures import meta_for, records
+    from kvdoctor.prometheus import FleetData
+    from kvdoctor.prometheus.captures import meta_for, records
     from kvdoctor.model import EngineSample
 
     n = 40

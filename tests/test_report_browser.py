@@ -148,10 +148,41 @@ def test_report_renders_every_chart_without_errors(browser, tmp_path, name):
         n_inc = len(diag.incidents)
         assert page.evaluate("document.querySelectorAll('section.incident').length") == n_inc
         text = page.evaluate("document.getElementById('summary').innerText")
-        assert ("No incident" in text) if n_inc == 0 else ("Likely cause" in text and "First fix" in text)
+        pages = [i for i in diag.incidents if not i.observation]
+        assert ("No incident" in text) if not pages else ("Likely cause" in text and "First fix" in text)
+        first = next(ln for ln in text.splitlines()[1:] if ln.strip())  # after the 'Summary' heading
+        assert first.startswith(("CRITICAL", "WARNING", "OK", "NOTHING")), first  # the verdict first
         screenshot(page, tmp_path, name)
     finally:
         page.close()
+
+
+PICTURES = sorted((ROOT / "docs" / "img").glob("report-*.txt"))
+
+
+@pytest.mark.parametrize("shown", PICTURES, ids=lambda p: p.stem)
+def test_docs_pictures_show_what_the_report_says_now(browser, tmp_path, shown):
+    """Each report screenshot in docs/img comes with the text it shows (scripts/make-reports writes
+    both); a fresh render of the same sample must show that text, so a picture of an incident the
+    current version no longer reports fails until `scripts/make-docs --pictures` regenerates it."""
+    from importlib.machinery import SourceFileLoader
+
+    make_reports = SourceFileLoader("make_reports", str(ROOT / "scripts" / "make-reports")).load_module()
+    name = shown.stem.removeprefix("report-")
+    assert (shown.with_suffix(".png")).exists(), f"{shown} has no picture beside it"
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the page names its capture as samples/..., as make-reports renders it
+    try:
+        diag = diagnose(kvdoctor.load(Path("samples") / name))
+        path = render_report(diag, tmp_path / f"{name}.html", title=f"kvdoctor report · {name}")
+    finally:
+        os.chdir(cwd)
+    r = open_report(browser, path)
+    try:
+        assert make_reports.shown_text(r.page) == shown.read_text(), \
+            f"{shown.name} is stale: regenerate with scripts/make-docs --pictures"
+    finally:
+        r.page.close()
 
 
 def test_incident_links_scroll_to_their_sections(browser, tmp_path):

@@ -251,7 +251,7 @@ class Selector(click.ParamType):
 
     def convert(self, value: Any, param, ctx) -> str:
         from ..errors import InputError
-        from ..fleet.query import selector_matchers
+        from ..prometheus.query import selector_matchers
 
         try:
             selector_matchers(str(value))
