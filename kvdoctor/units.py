@@ -8,28 +8,54 @@ import re
 
 
 def fmt(value: float | None, unit: str) -> str:
-    """A signal value in the unit people read it in."""
+    """A value in the unit people read it in ("5.31 s", "45 ms", "12%", "3.2x", "0.94 req/s",
+    "1,243 tokens"): the one formatter of every renderer (text, Markdown, HTML, compare, fleet)."""
     if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
         return "n/a"
     if unit == "s":
         return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
-    if unit in ("fraction",):
-        return f"{value * 100:.0f}%"
-    if unit == "fraction/turn":
-        return f"{value * 100:+.1f}%/turn"
-    if unit == "fraction/min":
-        return f"{value * 100:+.1f}%/min"
-    if unit == "bytes":
-        return f"{value / 2**30:.2f} GiB"
+    if unit == "fraction":
+        return f"{value * 100:.0f}%" if abs(value) >= 0.01 or value == 0 else f"{value * 100:.1f}%"
+    if unit in ("fraction/turn", "fraction/min"):
+        return f"{value * 100:+.1f}%/{unit.split('/')[1]}"
+    if unit == "ratio":
+        return f"{value:.1f}x" if abs(value) < 100 else f"{value:,.0f}x"
+    if unit == "x budget":
+        return f"{value:.1f}x the budget"
     if unit == "bool":
         return "yes" if value else "no"
-    if unit in ("count", "requests", "turns", "tokens"):
-        return f"{value:,.0f}" + ("" if unit == "count" else f" {unit}")
+    if unit in ("count", "requests"):
+        return f"{value:,.0f}"
+    if unit in ("tokens", "turns"):
+        return f"{value:,.0f} {unit}"
+    if unit == "tokens/turn":
+        return f"{value:,.0f} tokens/turn"
     if unit == "rank corr":
-        return f"{value:.2f} (rank corr)"
-    if unit == "ratio":
-        return f"{value:.1f}x"
-    return f"{value:,.2f} {unit}"
+        return f"{value:.2f}"
+    if unit == "z":
+        return f"z {value:.1f}"
+    if unit == "1/s":
+        return f"{value:,.2f} req/s"
+    if unit == "tokens/s":
+        return f"{value:,.1f} tok/s" if abs(value) < 100 else f"{value:,.0f} tok/s"
+    if unit == "1/min":
+        return f"{value:,.2f}/min"
+    if unit == "ms/1k tokens":
+        return f"{value:,.0f} ms per 1k tokens"
+    if unit == "bytes":
+        return f"{value / 2**30:.2f} GiB"
+    if unit == "min":
+        return f"{value:,.0f} min"
+    return f"{value:,.2f} {unit}" if unit else (f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}")
+
+
+def target_text(value: float, unit: str) -> str:
+    """An objective's target as people write it: "2 s", "100 ms", "1%" (no trailing zeros)."""
+    if unit == "s":
+        return f"{value * 1000:g} ms" if value < 1 else f"{value:g} s"
+    if unit == "fraction":
+        return f"{value * 100:g}%"
+    return fmt(value, unit)
 
 
 def duration_text(s: float) -> str:

@@ -14,8 +14,19 @@ from kvdoctor.objectives import parse_slo
 def check_healthy_mixed(out, timings) -> None:
     """No warning or critical; a shape rule may be said as an observation. And the same capture
     against a stated objective below what it did must page, with that objective first."""
+    import numpy as np
+    import pytest
+
     ok = [t for t in timings if t.status == "ok"]
     assert len(ok) == len(timings), "every request of the light load succeeds"
+    # the premise, from the client's own timings: a light load on this host met the default
+    # objectives. A host busy with other work can break them for real, and then paging is right
+    ttft99 = float(np.percentile([t.ttft_s for t in ok], 99))
+    tpot = [(t.chunk_times_s[-1] - t.chunk_times_s[0]) / (len(t.chunk_times_s) - 1) for t in ok if len(t.chunk_times_s) > 2]
+    tpot99 = float(np.percentile(tpot, 99)) if tpot else 0.0
+    if ttft99 > 2.0 or tpot99 > 0.1:
+        pytest.skip(f"the host was too busy for a light load to be healthy: the client saw TTFT P99 {ttft99:.2f} s, "
+                    f"TPOT P99 {tpot99 * 1e3:.0f} ms (objectives 2 s, 100 ms); kvdoctor paging is then right")
     diag = diagnose(kvdoctor.load(out))
     report = json.dumps(diag.to_json()["incidents"], indent=1)[:3000]
     assert not pages(diag), f"a healthy server at light load must page nobody:\n{report}"
@@ -31,7 +42,17 @@ def check_ramp(out, timings, agent, n_first: int, hold_s: float) -> None:
     """The incident starts where the second phase began (the queue forms as its twelve users
     arrive), within one hold (queueing-saturation's 30 s) after it and not before it, offline and
     in the live sidecar's own incident."""
+    import numpy as np
+    import pytest
+
     queue_formed = min(t.send_s for t in timings[n_first:])
+    first = [t for t in timings[:n_first] if t.status == "ok"]
+    ttft99 = float(np.percentile([t.ttft_s for t in first], 99)) if first else float("inf")
+    tpot = [(t.chunk_times_s[-1] - t.chunk_times_s[0]) / (len(t.chunk_times_s) - 1) for t in first if len(t.chunk_times_s) > 2]
+    tpot99 = float(np.percentile(tpot, 99)) if tpot else 0.0
+    if ttft99 > 2.0 or tpot99 > 0.1:  # the premise, from the client: one user alone met the objectives
+        pytest.skip(f"the host was too busy for the first phase (one user) to be healthy: the client saw TTFT P99 "
+                    f"{ttft99:.2f} s, TPOT P99 {tpot99 * 1e3:.0f} ms (objectives 2 s, 100 ms): no onset to find")
     diag = diagnose(kvdoctor.load(out))
     report = json.dumps(diag.to_json()["incidents"], indent=1)[:3000]
     inc = next((i for i in pages(diag) if i.symptom == "ttft"), None)

@@ -8,7 +8,7 @@ import yaml
 import kvdoctor
 from kvdoctor.diagnosis.corpus import _import, read_corpus
 from kvdoctor.errors import InputError
-from kvdoctor.signals.window import Prepared
+from kvdoctor.signals import Prepared
 
 from conftest import ROOT
 

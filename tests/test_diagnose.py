@@ -4,7 +4,8 @@ import json
 import pytest
 
 import kvdoctor
-from kvdoctor.diagnosis import Options, diagnose, parse_slo
+from kvdoctor.diagnosis import Options, diagnose
+from kvdoctor.objectives import parse_slo
 from kvdoctor.errors import InputError
 
 from conftest import CASES, ROOT

@@ -411,7 +411,7 @@ def test_dcgm_and_sidecar_series_join_their_engine_instance(fleet_stack):
     assert diag.values["mem_bw_util_p90"] >= 0.8
     bw = [c.evidence.get("mem_bw_util_p90") for i in diag.incidents for c in i.causes if "mem_bw_util_p90" in c.evidence]
     assert all(v >= 0.8 for v in bw)
-    from kvdoctor.signals.window import Prepared
+    from kvdoctor.signals import Prepared
     w = Prepared(capture_for(d, fleet_stack["hot"])).window(d.start_s, d.end_s)
     assert 0.5 < w.value("gpu_mem_used_max_frac") < 0.85
     # the sidecar's own incidents are attributed to the server it watches, and only to it

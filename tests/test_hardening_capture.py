@@ -3,7 +3,6 @@ reads, whatever the size of one record; a full or read-only disk (a real small t
 leaves a torn record mid-file; torn or absurd lines are skipped with a located warning."""
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import textwrap

@@ -14,7 +14,6 @@ import threading
 import time
 import urllib.request
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 

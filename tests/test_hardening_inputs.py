@@ -18,7 +18,7 @@ from click.testing import CliRunner
 import kvdoctor
 from kvdoctor.capture import CaptureWriter
 from kvdoctor.cli import cli
-from kvdoctor.sidecar.agent import AttachConfig, host_port
+from kvdoctor.sidecar.agent import host_port
 from kvdoctor.diagnosis.rules import MAX_RULE_BYTES, load_rule
 from kvdoctor.errors import InputError, RuleError
 from kvdoctor.model import EngineSample, RequestRecord

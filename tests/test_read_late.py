@@ -15,7 +15,7 @@ from kvdoctor.capture.memory import from_records
 from kvdoctor.diagnosis import diagnose
 from kvdoctor.model import RequestRecord, derive_request
 from kvdoctor.signals import Prepared
-from kvdoctor.signals.window import READ_BURST_S
+from kvdoctor.signals.prepared import READ_BURST_S
 
 from conftest import ROOT, request_records
 

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 import kvdoctor
 from kvdoctor.capture import Capture, Columns, EngineSeries
-from kvdoctor.diagnosis import Options, diagnose, load_rules, parse_slo
+from kvdoctor.diagnosis import Options, diagnose, load_rules
+from kvdoctor.objectives import parse_slo
 from kvdoctor.diagnosis.incident import CauseFinding, Incident
 from kvdoctor.diagnosis.rules import chart_ids, schema
 from kvdoctor.model import CaptureMeta

@@ -326,7 +326,7 @@ def test_experimental_rule_is_marked_wherever_it_is_named(run_cli, tmp_path):
     for args in (["summary"], ["diagnose"], ["diagnose", "--format", "markdown"]):
         r = run_cli(*args, CASES / "tail", "--rules", rules)
         assert r.returncode == 0, r.stderr
-        assert f"tail-latency" in r.stdout and note in r.stdout, (args, r.stdout)
+        assert "tail-latency" in r.stdout and note in r.stdout, (args, r.stdout)
     js = run_cli("diagnose", CASES / "tail", "--rules", rules, "--format", "json")
     cause = next(c for i in __import__("json").loads(js.stdout)["incidents"] for c in i["causes"] if c["rule"] == "tail-latency")
     assert cause["status"] == "experimental"

@@ -11,7 +11,7 @@ import orjson
 
 from ..errors import InputError
 from ..model import FORMAT_VERSION, CaptureMeta, SourceStatus
-from .columns import Capture, Columns, time_slice
+from .columns import Capture, Columns, EngineSeries, time_slice
 from .derived import _derive, _engine_series
 from .segment_reader import _read_table, read_dicts
 

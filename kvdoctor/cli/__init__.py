@@ -44,7 +44,7 @@ class _Group(click.Group):
         except KvdoctorError as e:
             if os.environ.get("KVDOCTOR_DEBUG"):
                 raise
-            from .common import printable
+            from ..units import printable
 
             label = "nothing to diagnose" if isinstance(e, NothingToDiagnose) else getattr(e, "label", "error")
             # one line whatever the data held: a newline inside a quoted CSV header, a file name
@@ -52,7 +52,7 @@ class _Group(click.Group):
             click.echo(printable(f"kvdoctor: {label}: {text}"), err=True)
             sys.exit(e.exit_code)
         except click.exceptions.UsageError as e:  # a bad option value: one line too, naming the option
-            from .common import printable
+            from ..units import printable
 
             where = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
             click.echo(printable(f"kvdoctor: error: {_one_line(_usage_text(e))}{where}"), err=True)
@@ -63,7 +63,7 @@ class _Group(click.Group):
         except Exception as e:  # a bug: still one line, with the way to the traceback
             if os.environ.get("KVDOCTOR_DEBUG"):
                 raise
-            from .common import printable
+            from ..units import printable
 
             text = str(e).replace("\r", "\\r").replace("\n", "\\n")
             click.echo(printable(f"kvdoctor: internal error: {type(e).__name__}: {text} (KVDOCTOR_DEBUG=1 shows the "

@@ -11,7 +11,8 @@ from typing import Any, Callable, Iterable, Iterator
 import click
 
 from ..errors import EXIT_FAIL_ON, InputError, KvdoctorError, NothingToDiagnose
-from ..units import printable  # noqa: F401  (commands import it from here)
+from ..timeparse import iso_utc
+from ..units import printable
 from . import params as P
 
 
@@ -222,10 +223,8 @@ def load_capture(path: str, since=None, until=None):
 
 
 def _iso(t: float) -> str:
-    import datetime as dt
-
     try:
-        return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return iso_utc(t)
     except (OverflowError, OSError, ValueError):
         return f"{t:g}"
 

@@ -7,7 +7,7 @@ import click
 import orjson
 
 from ..errors import InputError
-from ..prometheus import fetch_from_options  # noqa: F401  (the commands call it from here too)
+from ..prometheus import fetch_from_options
 from . import params as P
 from .common import check_range, finish, write_out
 

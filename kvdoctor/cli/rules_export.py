@@ -41,7 +41,8 @@ def export_command(fmt, output, rules_dirs, window, slo, min_for, for_all, runbo
 
     from ..alerts import export as E
     from ..alerts.runbooks import markdown
-    from ..diagnosis import load_rules, parse_slo
+    from ..diagnosis import load_rules
+    from ..objectives import parse_slo
 
     opts = E.Options(window=window, slo={**E.DEFAULT_SLO, **parse_slo(slo)}, min_for_s=min_for,
                      for_s=for_all, runbook_base=runbook_base or E.RUNBOOK_BASE)

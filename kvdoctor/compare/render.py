@@ -25,13 +25,7 @@ def _side_line(c: "Comparison", role: str) -> str:
             f"{diag.time_label(diag.end_s)} ({duration_text(max(diag.end_s - diag.start_s, 0))}) · {inc}")
 
 
-def _value(v: float, unit: str) -> str:
-    if unit == "tokens/s":
-        return "n/a" if not math.isfinite(v) else f"{v:,.1f} tok/s"
-    return fmt(v, unit)
-
-
-def _check_cells(ch: Check) -> tuple[str, str, str, str]:
+def check_cells(ch: Check) -> tuple[str, str, str, str]:
     if ch.name == "arrival_rate":
         b, a = (f"{x['rate_per_s']:.3g} req/s" if math.isfinite(x["rate_per_s"]) else "n/a" for x in (ch.before, ch.after))
         test = f"ratio {ch.statistic:.2f}, p {ch.p_value:.2g}" if ch.statistic is not None else ""
@@ -51,7 +45,7 @@ def _check_cells(ch: Check) -> tuple[str, str, str, str]:
     return b, a, test, differs
 
 
-def _matching_line(c: "Comparison") -> str | None:
+def matching_line(c: "Comparison") -> str | None:
     m = c.workload.matching
     if m is None:
         return None
@@ -83,7 +77,7 @@ def _rule_lines(c: "Comparison") -> list[str]:
         out.append(f"  {'':<13} {b} · {a}")
         if r.impact is not None:
             d = r.impact
-            out.append(f"  {'':<13} impact {d.name}: {_value(d.before, d.unit)} → {_value(d.after, d.unit)}, "
+            out.append(f"  {'':<13} impact {d.name}: {fmt(d.before, d.unit)} → {fmt(d.after, d.unit)}, "
                        f"{change_text(d)} ({d.verdict})")
         ev = " · ".join(f"{n} {fmt(b_, u)} → {fmt(a_, u)}" for n, b_, a_, u in r.evidence
                         if math.isfinite(b_) or math.isfinite(a_))
@@ -105,13 +99,13 @@ def text(c: "Comparison") -> str:
     lines += ["", f"{'Signals':<22}{'before':>12}{'after':>12}   {'change [95% CI]':<30}verdict"]
     for d in c.signals:
         verdict = d.verdict + ("" if d.comparable else f" (not comparable: {d.note})")
-        lines.append(f"  {d.label:<20}{_value(d.before, d.unit):>12}{_value(d.after, d.unit):>12}   "
+        lines.append(f"  {d.label:<20}{fmt(d.before, d.unit):>12}{fmt(d.after, d.unit):>12}   "
                      f"{change_text(d) if d.verdict != 'n/a' or d.iv else '':<30}{verdict}")
     lines += ["", f"{'Workload':<22}{'before':<28}{'after':<28}{'differs':<9}test"]
     for ch in c.workload.checks:
-        b, a, test, differs = _check_cells(ch)
+        b, a, test, differs = check_cells(ch)
         lines.append(f"  {ch.label:<20}{b:<28}{a:<28}{differs:<9}{test}")
-    m = _matching_line(c)
+    m = matching_line(c)
     if m:
         lines.append(m)
     lines += ["", _footer(c)]
@@ -134,19 +128,19 @@ def markdown(c: "Comparison") -> str:
             d = r.impact
             out.append(f"| {r.status} | `{_md(r.rule.id)}` | {f'{r.confidence_before:.0%}' if r.fired_before else '—'} | "
                        f"{f'{r.confidence_after:.0%}' if r.fired_after else '—'} | "
-                       + (f"{_md(d.name)} {_md(_value(d.before, d.unit))} → {_md(_value(d.after, d.unit))} | {_md(change_text(d))} |"
+                       + (f"{_md(d.name)} {_md(fmt(d.before, d.unit))} → {_md(fmt(d.after, d.unit))} | {_md(change_text(d))} |"
                           if d else "| |"))
     else:
         out.append("No rule fired on either side.")
     out += ["", "## Signals", "", "| signal | before | after | change [95% CI] | verdict |", "|---|---:|---:|---|---|"]
     for d in c.signals:
         verdict = d.verdict + ("" if d.comparable else f" (not comparable: {d.note})")
-        out.append(f"| {_md(d.label)} | {_md(_value(d.before, d.unit))} | {_md(_value(d.after, d.unit))} | "
+        out.append(f"| {_md(d.label)} | {_md(fmt(d.before, d.unit))} | {_md(fmt(d.after, d.unit))} | "
                    f"{_md(change_text(d)) if d.iv else ''} | {_md(verdict)} |")
     out += ["", "## Workload", "", "| dimension | before | after | test | differs |", "|---|---|---|---|---|"]
     for ch in c.workload.checks:
-        out.append("| " + " | ".join(_md(x) for x in (ch.label, *_check_cells(ch))) + " |")
-    m = _matching_line(c)
+        out.append("| " + " | ".join(_md(x) for x in (ch.label, *check_cells(ch))) + " |")
+    m = matching_line(c)
     if m:
         out += ["", _md(m)]
     out += ["", _md(_footer(c))]

@@ -5,10 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..capture import Capture
-from ..errors import InputError
 from ..numeric import json_number
-from ..objectives import parse_slo  # noqa: F401  (the commands import it from here)
-from ..signals import REGISTRY, Prepared
+from ..signals import Prepared
 from ..signals.host import CONTENDED_OTHER_FRAC, contended
 from ..signals.prepared import READ_BURST_S
 from .coverage import NotEvaluated, context_limit, not_evaluated

@@ -24,6 +24,7 @@ from ..objectives import targets as objective_targets
 from ..signals import Prepared, Window
 from . import conditions as C
 from .incident import Incident, incident_on
+from .onset import refine_window
 from .rules import SEVERITY_RANK, Rule
 
 #: evaluations per capture at most: a day at ~15-minute resolution (each evaluation looks
@@ -205,8 +206,6 @@ def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
     """Incidents (warning, critical) and observations (info), most severe first. Harmful runs of
     one symptom that overlap or touch form one incident; so do observation runs. An incident's
     window starts where its evidence changed (onset.py), not where the first window began."""
-    from .onset import refine_window
-
     opt = opt or Options()
     acts = activations(prep, rules, opt, progress)
     out: list[Incident] = []
@@ -216,7 +215,9 @@ def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
         if harmful:
             clusters = _attach(clusters)
         for symptom, cluster in clusters:
-            start, end = refine_window(prep, symptom, cluster, opt)
+            first = min(cluster, key=lambda a: a.start_s)
+            start, end = refine_window(prep, symptom, first.start_s, max(a.end_s for a in cluster), first.first_eval_s,
+                                       first.quiet_before_s, opt.lookback_s, opt.step_s)
             out.append(_incident(prep, symptom, cluster, start, end, opt))
     out.sort(key=lambda i: (-SEVERITY_RANK[i.severity], -max(c.confidence for c in i.causes), i.start_s))
     return out

@@ -9,7 +9,6 @@ output adds ``id``, ``open``, ``closed`` and ``closed_s``.
 """
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -17,6 +16,7 @@ from ..engines.labels import ENGINE_KNOB
 from ..numeric import json_number
 from ..objectives import Objective
 from ..signals import REGISTRY, Window
+from ..timeparse import iso_utc
 from ..signals.harm import Reading, readings
 from .rules import SEVERITY_RANK, Rule
 
@@ -137,7 +137,7 @@ def time_label(t: float, start_s: float, clock: str, arrivals_known: bool = True
     if not arrivals_known:
         return f"#{t - start_s + 1:.0f}"
     if clock == "unix" and t > 1e9:
-        return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return iso_utc(t)
     return f"+{t - start_s:.0f}s"
 
 

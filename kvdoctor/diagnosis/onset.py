@@ -16,15 +16,10 @@ fine again, when the rule went quiet before the capture ended. Live (`attach`) a
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
-
 import numpy as np
 
 from ..signals import Prepared
 from ..signals.registry import ranks
-
-if TYPE_CHECKING:
-    from .evaluate import Activation, Options
 
 #: the per-request column a symptom's onset is read from (errors: the failure indicator)
 SERIES = {"ttft": "ttft_s", "turn-growth": "ttft_s", "tpot": "tpot_s", "latency": "e2e_s", "errors": "is_error"}
@@ -102,24 +97,22 @@ def change_point(prep: Prepared, symptom: str, t0: float, t1: float, direction: 
     return float(t[k + 1])
 
 
-def refine_window(prep: Prepared, symptom: str, cluster: Iterable["Activation"], opt: "Options") -> tuple[float, float]:
-    """The incident's [start, end]: the evaluation windows' span, narrowed to where its symptom's
-    series changed (see the module docstring)."""
-    cluster = list(cluster)
-    start = min(a.start_s for a in cluster)
-    end = max(a.end_s for a in cluster)
-    first = min(cluster, key=lambda a: a.start_s)
+def refine_window(prep: Prepared, symptom: str, start: float, end: float, first_eval_s: float,
+                  quiet_before_s: float, lookback_s: float, step_s: float) -> tuple[float, float]:
+    """An incident's [start, end]: the evaluation windows' span (``start``..``end``, its first run's
+    first active evaluation ``first_eval_s`` and the inactive one before it, ``quiet_before_s``,
+    -inf when active from the first), narrowed to where its harm series changed (module docstring)."""
     # the first active window ends at the run's first evaluation and holds the onset; from the
     # capture's start when the rule was active from the first evaluation on
-    first_eval = first.first_eval_s if np.isfinite(first.first_eval_s) else end
-    lo = max(prep.start_s, first_eval - max(opt.lookback_s, first_eval - start)) if np.isfinite(first.quiet_before_s) \
+    first_eval = first_eval_s if np.isfinite(first_eval_s) else end
+    lo = max(prep.start_s, first_eval - max(lookback_s, first_eval - start)) if np.isfinite(quiet_before_s) \
         else prep.start_s
     onset = change_point(prep, symptom, lo, end, "up")
     if onset is not None and lo <= onset <= first_eval:
         start = onset
     # the end: where requests got faster again, when the rule went quiet before the capture ended
     if end < prep.end_s - 1e-9:
-        drop = change_point(prep, symptom, start, min(end + opt.step_s, prep.end_s), "down")
+        drop = change_point(prep, symptom, start, min(end + step_s, prep.end_s), "down")
         if drop is not None and drop > start:
             end = min(end, drop)
     return start, max(end, start)

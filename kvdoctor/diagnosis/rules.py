@@ -16,7 +16,7 @@ import yaml
 
 from ..errors import InputError, RuleError
 from ..signals import REGISTRY
-from ..timeparse import parse_duration  # noqa: F401 - the commands import it from here
+from ..timeparse import parse_duration
 from . import conditions as C
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}

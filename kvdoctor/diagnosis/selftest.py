@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..capture import load
-from ..capture.reader import load_meta
+from ..capture import load_meta
 from .api import diagnose
 from .evaluate import Options
 from .rules import Rule

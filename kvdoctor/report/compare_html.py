@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from .. import __version__
 from ..diagnosis import Diagnosis
+from ..units import fmt
 from . import figures as F
 from .html import chart_box, esc, page
 
@@ -177,7 +178,7 @@ class _Page:
         rows = []
         for r in c.rules:
             d = r.impact
-            impact = (f"<code>{esc(d.name)}</code> {esc(_fmt(d.before, d.unit))} → {esc(_fmt(d.after, d.unit))}" if d else "")
+            impact = (f"<code>{esc(d.name)}</code> {esc(fmt(d.before, d.unit))} → {esc(fmt(d.after, d.unit))}" if d else "")
             rows.append(
                 f'<tr><td class="{VERDICT_CLASS.get(r.status, "")}">{esc(r.status)}</td><td><code class="rule">{esc(r.rule.id)}</code>'
                 f'<div class="doc">{esc(r.rule.title)}</div></td>'
@@ -193,8 +194,8 @@ class _Page:
         for d in self.c.signals:
             cls = VERDICT_CLASS.get(d.verdict, "muted" if d.verdict == "n/a" else "")
             note = "" if d.comparable else f' <span class="note">(not comparable: {esc(d.note)})</span>'
-            rows.append(f'<tr><td>{esc(d.label)}</td><td class="n">{esc(_fmt(d.before, d.unit))}</td>'
-                        f'<td class="n">{esc(_fmt(d.after, d.unit))}</td><td class="n">{esc(_change(d)) if d.iv else ""}</td>'
+            rows.append(f'<tr><td>{esc(d.label)}</td><td class="n">{esc(fmt(d.before, d.unit))}</td>'
+                        f'<td class="n">{esc(fmt(d.after, d.unit))}</td><td class="n">{esc(_change(d)) if d.iv else ""}</td>'
                         f'<td class="{cls}">{esc(d.verdict)}{note}</td></tr>')
         c = self.c
         foot = (f"95% intervals from {c.resamples:,} bootstrap resamples (seed {c.seed}); better or worse only when the "
@@ -205,11 +206,11 @@ class _Page:
                 + "".join(rows) + f'</table><p class="note">{esc(foot)}</p></section>')
 
     def workload(self) -> str:
-        from ..compare.render import _check_cells, _matching_line
+        from ..compare.render import check_cells, matching_line
 
-        rows = "".join("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in (ch.label, *_check_cells(ch))) + "</tr>"
+        rows = "".join("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in (ch.label, *check_cells(ch))) + "</tr>"
                        for ch in self.c.workload.checks)
-        m = _matching_line(self.c)
+        m = matching_line(self.c)
         return ('<section id="workload" class="card"><h2>Workload</h2><table>'
                 '<tr><th>dimension</th><th>before</th><th>after</th><th>test</th><th>differs</th></tr>' + rows + "</table>"
                 + (f'<p class="note">{esc(m)}</p>' if m else "") + "</section>")
@@ -238,10 +239,7 @@ class _Page:
         return page(self.title, top, body, footer, self.figures, EXTRA_CSS)
 
 
-def _fmt(v: float, unit: str) -> str:
-    from ..compare.render import _value
 
-    return _value(v, unit)
 
 
 def render_compare_html(before_diag: Diagnosis, after_diag: Diagnosis, comparison: "Comparison",

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from .. import __version__
 from ..fleet.overview import COLUMNS, Replica, replicas, series
+from ..units import fmt
 from . import figures as F
 from .html import chart_box, esc, page
 
@@ -88,14 +89,7 @@ def queue_heatmap(fd, rows: list[Replica]) -> F.Chart:
     return F.Chart("heatmap", title, fig, cap)
 
 
-def _fmt(v: float, unit: str) -> str:
-    if v is None or not math.isfinite(v):
-        return "n/a"
-    if unit == "fraction":
-        return f"{v:.0%}"
-    if unit == "s":
-        return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
 
 
 class _Page:
@@ -138,8 +132,8 @@ class _Page:
         for r in self.rows:
             cells = [f'<td class="name"><code>{esc(r.name)}</code></td>', f"<td>{esc(' + '.join([str(r.engine)] + r.joined))}</td>",
                      f'<td class="st-{esc(r.status)}">{esc(", ".join(r.findings) or "healthy")}</td>',
-                     f'<td class="n">{esc(_fmt(r.load_per_s, ""))} <span class="doc">{esc(r.load_unit)}</span></td>']
-            cells += [f'<td class="n">{esc(_fmt(r.values.get(s, math.nan), u))}</td>' for s, _, u in COLUMNS]
+                     f'<td class="n">{esc(fmt(r.load_per_s, ""))} <span class="doc">{esc(r.load_unit)}</span></td>']
+            cells += [f'<td class="n">{esc(fmt(r.values.get(s, math.nan), u))}</td>' for s, _, u in COLUMNS]
             rows.append("<tr>" + "".join(cells) + "</tr>")
         return (f'<section id="replicas" class="card"><h2>Replicas</h2><table><tr>{head}</tr>{"".join(rows)}</table>'
                 '<p class="note">Values over the whole range. n/a: the engine does not export it, or it needs per-request data.</p></section>')

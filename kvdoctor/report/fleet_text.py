@@ -1,6 +1,8 @@
 """`kvdoctor diagnose --prometheus` as text: the fleet's findings, then one line per replica."""
 from __future__ import annotations
 
+from ..timeparse import iso_utc
+
 import math
 
 from ..fleet.diagnosis import FleetDiagnosis
@@ -38,6 +40,4 @@ def render_text(fd: FleetDiagnosis) -> str:
 
 
 def _iso(t: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso_utc(t)

@@ -25,9 +25,11 @@ from ..diagnosis import Diagnosis, Incident
 from ..signals import REGISTRY, Prepared
 from . import figures as F
 from ..diagnosis.numbers import LATENCIES, QUANTILES
-from .labels import label, target_text, value_text
-from .summary import ENGINE_LABEL, duration_text, engine_key, fmt, impact_text
-from .verdict import applicable, first_step, headline
+from ..engines.labels import ENGINE_LABEL
+from ..units import duration_text, fmt, target_text
+from .labels import label
+from .summary import impact_text
+from .verdict import applicable, engine_key, first_step, headline
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 
@@ -71,7 +73,7 @@ def _evidence(evidence: dict[str, float], limit: int | None = None, skip_unknown
         if skip_unknown and not known:
             continue
         sig = REGISTRY.get(name)
-        out.append((label(name), value_text(v, sig.unit if sig else ""), f"{name}: {sig.doc}" if sig else name))
+        out.append((label(name), fmt(v, sig.unit if sig else ""), f"{name}: {sig.doc}" if sig else name))
     return out[:limit] if limit else out
 
 
@@ -187,9 +189,9 @@ class _Page:
         d, meta = self.diag, self.diag.capture.meta
         items = [f"<span>{esc(d.capture.path)}</span>", f"<span>{len(d.capture.requests):,} requests</span>",
                  f"<span>{esc(d.time_label(d.start_s))} → {esc(d.time_label(d.end_s))} ({esc(duration_text(max(d.end_s - d.start_s, 0)))})</span>"]
-        for label, value in (("engine", meta.engine), ("model", meta.model), ("GPU", meta.gpu), ("server", meta.server)):
+        for what, value in (("engine", meta.engine), ("model", meta.model), ("GPU", meta.gpu), ("server", meta.server)):
             if value:
-                items.append(f"<span>{label} <b>{esc(value)}</b></span>")
+                items.append(f"<span>{what} <b>{esc(value)}</b></span>")
         extra = []
         missing = [k for k, v in meta.sources.items() if not v.ok]
         if missing:
@@ -231,7 +233,7 @@ class _Page:
             obj = "; ".join(f"P{c.objective.percentile} ≤ {target_text(c.objective.target, 's')}"
                             + (f" — broken: {c.over:,} of {c.total:,} over" if c.broken else "")
                             + ("" if c.objective.stated else " (default)") for c in checks) or "—"
-            cells = "".join(f'<td class="n">{esc(value_text(vals.get(q), "s"))}</td>' for q in QUANTILES)
+            cells = "".join(f'<td class="n">{esc(fmt(vals.get(q), "s"))}</td>' for q in QUANTILES)
             rows.append(f'<tr class="{"bad" if broken else ""}"><td>{esc(name)}</td>{cells}<td>{esc(obj)}</td></tr>')
         table = ('<table class="keynum"><tr><th></th><th>P50</th><th>P90</th><th>P99</th><th>objective</th></tr>'
                  + "".join(rows) + "</table>") if rows else ""
@@ -239,11 +241,11 @@ class _Page:
         if math.isfinite(k.duration_s):
             vol.append(f"over {duration_text(k.duration_s)}")
         if math.isfinite(k.request_rate_per_s):
-            vol.append(value_text(k.request_rate_per_s, "1/s"))
+            vol.append(fmt(k.request_rate_per_s, "1/s"))
         if math.isfinite(k.output_tokens_per_s) and k.output_tokens_per_s > 0:
-            vol.append(f"{value_text(k.output_tokens_per_s, 'tokens/s')} out")
+            vol.append(f"{fmt(k.output_tokens_per_s, 'tokens/s')} out")
         if k.errors is not None:
-            err = f"{k.errors:,} failed ({value_text(k.error_rate, 'fraction')})"
+            err = f"{k.errors:,} failed ({fmt(k.error_rate, 'fraction')})"
             for c in k.check_for("error_rate"):
                 err += f"; objective ≤ {target_text(c.objective.target, 'fraction')}" + (" — broken" if c.broken else "")
             vol.append(err)

@@ -1,13 +1,12 @@
 """Signals as people read them: "TTFT P99 5.31 s", "0.94 req/s", not ``ttft_p99_s = 5.31 s``.
 
-One table, label per signal; the value's format comes from the signal's unit. The identifiers
+One table, label per signal; the value's format comes from the signal's unit (units.fmt). The identifiers
 stay in JSON and in ``--verbose`` text (a test checks every registered signal has a label here).
 """
 from __future__ import annotations
 
-import math
-
 from ..signals import REGISTRY
+from ..units import fmt
 
 #: signal -> label, read before its value ("TTFT P99" 5.31 s)
 LABELS: dict[str, str] = {
@@ -95,62 +94,10 @@ LABELS: dict[str, str] = {
 }
 
 
-def value_text(value: float | None, unit: str) -> str:
-    """A value in the unit people read it in ("5.31 s", "45 ms", "12%", "3.2x", "0.94 req/s")."""
-    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
-        return "n/a"
-    if unit == "s":
-        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
-    if unit == "fraction":
-        return f"{value * 100:.0f}%" if abs(value) >= 0.01 or value == 0 else f"{value * 100:.1f}%"
-    if unit in ("fraction/turn", "fraction/min"):
-        return f"{value * 100:+.1f}%/{unit.split('/')[1]}"
-    if unit == "ratio":
-        return f"{value:.1f}x" if abs(value) < 100 else f"{value:,.0f}x"
-    if unit == "x budget":
-        return f"{value:.1f}x the budget"
-    if unit == "bool":
-        return "yes" if value else "no"
-    if unit == "count":
-        return f"{value:,.0f}"
-    if unit == "requests":
-        return f"{value:,.0f}"
-    if unit in ("tokens", "turns"):
-        return f"{value:,.0f} {unit}"
-    if unit == "tokens/turn":
-        return f"{value:,.0f} tokens/turn"
-    if unit == "rank corr":
-        return f"{value:.2f}"
-    if unit == "z":
-        return f"z {value:.1f}"
-    if unit == "1/s":
-        return f"{value:,.2f} req/s"
-    if unit == "tokens/s":
-        return f"{value:,.0f} tok/s"
-    if unit == "1/min":
-        return f"{value:,.2f}/min"
-    if unit == "ms/1k tokens":
-        return f"{value:,.0f} ms"
-    if unit == "bytes":
-        return f"{value / 2**30:.2f} GiB"
-    if unit == "min":
-        return f"{value:,.0f} min"
-    return f"{value:,.2f} {unit}"
-
-
-def target_text(value: float, unit: str) -> str:
-    """An objective's target as people write it: "2 s", "100 ms", "1%" (no trailing zeros)."""
-    if unit == "s":
-        return f"{value * 1000:g} ms" if value < 1 else f"{value:g} s"
-    if unit == "fraction":
-        return f"{value * 100:g}%"
-    return value_text(value, unit)
-
-
 def label(name: str) -> str:
     return LABELS.get(name, name.replace("_", " "))
 
 
 def reading(name: str, value: float | None) -> str:
     """'TTFT P99 5.31 s': the label and the value in its unit."""
-    return f"{label(name)} {value_text(value, REGISTRY[name].unit)}"
+    return f"{label(name)} {fmt(value, REGISTRY[name].unit)}"

@@ -6,10 +6,10 @@ import math
 
 from ..diagnosis import Diagnosis, Incident
 from ..diagnosis.numbers import LATENCIES, QUANTILES
-from ..engines.labels import ENGINE_KNOB, ENGINE_LABEL  # noqa: F401  (renderers import them from here)
+from ..engines.labels import ENGINE_KNOB
 from ..signals import REGISTRY
-from ..units import duration_text, fmt  # noqa: F401  (one formatter for every renderer)
-from .labels import label, reading, target_text, value_text
+from ..units import duration_text, fmt, target_text
+from .labels import label, reading
 from .verdict import applicable, breach_text, cause_text, engine_key, first_step, headline, knob_lines, what_text
 
 def _measured(v: float | None) -> bool:
@@ -36,7 +36,7 @@ def evidence_lines(evidence: dict[str, float], verbose: bool = False) -> tuple[l
         if v == 0 and REGISTRY[k].unit == "count":
             zero.append(name)
         else:
-            shown.append((name, value_text(v, REGISTRY[k].unit)))
+            shown.append((name, fmt(v, REGISTRY[k].unit)))
     return shown, zero, [f"{label(k)} [{k}]" if verbose else label(k) for k in _not_measured(evidence)]
 
 
@@ -82,7 +82,7 @@ def key_numbers_lines(diag: Diagnosis) -> list[str]:
             o = c.objective
             mark = f" BROKEN ({c.over:,}/{c.total:,} over)" if c.broken else ""
             obj.append(f"P{o.percentile} <= {target_text(o.target, 's')}{mark}")
-        rows.append((name, *(value_text(vals.get(q), "s") for q in QUANTILES), "; ".join(obj) or "-"))
+        rows.append((name, *(fmt(vals.get(q), "s") for q in QUANTILES), "; ".join(obj) or "-"))
     out = []
     if len(rows) > 1:
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
@@ -92,11 +92,11 @@ def key_numbers_lines(diag: Diagnosis) -> list[str]:
     if _measured(k.duration_s):
         parts.append(f"over {duration_text(k.duration_s)}")
     if _measured(k.request_rate_per_s):
-        parts.append(value_text(k.request_rate_per_s, "1/s"))
+        parts.append(fmt(k.request_rate_per_s, "1/s"))
     if _measured(k.output_tokens_per_s) and k.output_tokens_per_s > 0:
-        parts.append(f"{value_text(k.output_tokens_per_s, 'tokens/s')} out")
+        parts.append(f"{fmt(k.output_tokens_per_s, 'tokens/s')} out")
     if k.errors is not None:
-        err = f"{k.errors:,} failed ({value_text(k.error_rate, 'fraction')})" if _measured(k.error_rate) else f"{k.errors:,} failed"
+        err = f"{k.errors:,} failed ({fmt(k.error_rate, 'fraction')})" if _measured(k.error_rate) else f"{k.errors:,} failed"
         for c in k.check_for("error_rate"):
             err += f"; objective <= {target_text(c.objective.target, 'fraction')}" + (" BROKEN" if c.broken else "")
         parts.append(err)

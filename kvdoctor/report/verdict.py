@@ -8,8 +8,7 @@ from typing import Callable
 from ..diagnosis import Diagnosis, Incident
 from ..diagnosis.incident import Breach, CauseFinding
 from ..engines.labels import ENGINE_KNOB, ENGINE_LABEL
-from ..units import duration_text
-from .labels import target_text, value_text
+from ..units import duration_text, fmt, target_text
 
 
 def engine_key(diag: Diagnosis) -> str | None:
@@ -43,7 +42,7 @@ def breach_text(b: Breach) -> str:
     what = "failed" if o.percentile is None else "over"
     count = f"{r.over:,} of {r.total:,} {'gaps' if o.kind == 'itl' else 'requests'} {what}"
     default = f"; {o.source.removeprefix('default (').removesuffix(')')} default" if not o.stated else ""
-    return (f"{o.label} {value_text(r.measured, o.unit)} over the {target_text(o.target, o.unit)} objective "
+    return (f"{o.label} {fmt(r.measured, o.unit)} over the {target_text(o.target, o.unit)} objective "
             f"({count}{default})")
 
 
@@ -134,7 +133,7 @@ def headline(diag: Diagnosis, esc: Callable[[object], str] = str, with_model: bo
         l3 = context_line(diag, esc, with_model) + (f" · {', '.join(more)} below" if more else "")
         return [l1, first_step(top.top, engine), l3]
     k = diag.key_numbers
-    checks = "; ".join(f"{c.objective.label} {value_text(c.measured, c.objective.unit)} "
+    checks = "; ".join(f"{c.objective.label} {fmt(c.measured, c.objective.unit)} "
                        f"(objective {target_text(c.objective.target, c.objective.unit)})" for c in k.checks)
     l1 = "OK: no objective broken and no user waiting beyond the server's own work" + (f" — {checks}" if checks else "")
     if notes:

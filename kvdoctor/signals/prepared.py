@@ -7,16 +7,16 @@ into it, so evaluating hundreds of rolling windows costs little.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .. import error_classes
-from ..capture.reader import Capture
+from ..capture import Capture
+from .arrays import is_sorted
 from .series import gpu_from_engine
+from .window import Window
 
-if TYPE_CHECKING:
-    from .window import Window
 
 REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "decode_s",
                    "itl_p50_s", "itl_p99_s", "itl_max_s", "prompt_tokens", "output_tokens",
@@ -27,10 +27,6 @@ REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
 #: an inter-chunk gap below this is a reading artefact, not a decode step (see Prepared._read_late)
 READ_BURST_S = 0.001
 READ_BURST_MIN_GAPS = 3
-
-
-def is_sorted(a: np.ndarray) -> bool:
-    return len(a) < 2 or bool(np.all(a[1:] >= a[:-1]))
 
 
 class Prepared:
@@ -261,8 +257,6 @@ class Prepared:
         return float(max(cands)) if cands else 0.0
 
     def window(self, t0: float, t1: float) -> "Window":
-        from .window import Window  # window.py re-exports this module's names: import it late
-
         return Window(self, t0, t1)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..capture.reader import Capture
+from ..capture import Capture
 
 #: GPU sample fields an exporter scraped beside the engine (DCGM, through a scrape or Prometheus)
 #: stands in for when the capture has no NVML samples: GpuSample field -> neutral engine name.
@@ -22,7 +22,7 @@ def gpu_from_engine(cap: Capture):
     captures without NVML: the same GPU signals and charts then work on DCGM data."""
     import pyarrow as pa
 
-    from ..capture.reader import Columns
+    from ..capture import Columns
 
     eng = cap.engine
     cols = {f: eng.get(n) for f, n in GPU_FROM_ENGINE.items()}

@@ -11,11 +11,9 @@ from typing import Any
 import numpy as np
 
 from ..numeric import percentile_rank
-# the per-capture names, importable from here as before the split
-from .prepared import (CLASS_NAMES, READ_BURST_MIN_GAPS, READ_BURST_S, REQUEST_COLUMNS,  # noqa: F401
-                       Prepared, class_codes, is_sorted)
+from .arrays import is_sorted
 from .registry import FIT_MIN_X_SPREAD_FRAC, REGISTRY, fit, split_medians
-from .series import GPU_FROM_ENGINE, gpu_from_engine, tpot_steps  # noqa: F401
+from .series import tpot_steps
 
 
 def _range(t: np.ndarray, t0: float, t1: float) -> slice:
@@ -25,7 +23,7 @@ def _range(t: np.ndarray, t0: float, t1: float) -> slice:
 class Window:
     """Requests that arrived in [t0, t1] and samples taken in it; signal values are memoised."""
 
-    def __init__(self, prep: Prepared, t0: float, t1: float):
+    def __init__(self, prep: Any, t0: float, t1: float):  # prep: the Prepared capture that made this window
         self.prep = prep
         self.t0, self.t1 = t0, t1
         self.req = _range(prep.t, t0, t1)
