@@ -58,6 +58,8 @@ class RequestRecord:
     server: str | None = None
     #: W3C trace id (32 hex) of the client's ``traceparent`` or the engine's span: joins the two
     trace_id: str | None = None
+    #: the API path the request was sent to (``/v1/chat/completions``): objectives can be set per route
+    route: str | None = None
     #: share of the output that repeats earlier n-grams (0 = none, 1 = all); no text kept
     output_repetition: float | None = None
     #: `kvdoctor quality`: the same prompt on a baseline server (greedy): how much of the output

@@ -46,6 +46,10 @@ DEFAULT_WORKLOAD = "chat"
 _SLO = re.compile(r"^([a-z][a-z0-9_]*)\s*(?:=|<=|<)\s*(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(ms|s|%)?$")
 
 
+#: a target key for one route's objective: SIGNAL@ROUTE (``ttft_p99_s@/v1/chat/completions``)
+ROUTE_SEP = "@"
+
+
 @dataclass(frozen=True)
 class Objective:
     #: the signal it bounds (``ttft_p99_s``, ``error_rate``): the value must stay at or below target
@@ -53,6 +57,13 @@ class Objective:
     target: float
     #: where it came from: "--slo", "kvdoctor.yaml", "default (chat)", ...
     source: str
+    #: the API path whose requests it judges (``/v1/chat/completions``); None: every request
+    route: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The target's key: the signal, or SIGNAL@ROUTE for one route's objective."""
+        return self.signal if self.route is None else f"{self.signal}{ROUTE_SEP}{self.route}"
 
     @property
     def stated(self) -> bool:
@@ -78,17 +89,17 @@ class Objective:
 
     @property
     def label(self) -> str:
-        """``TTFT P99``, ``error rate``."""
-        if self.signal == ERROR_RATE:
-            return "error rate"
-        return f"{LATENCY_OBJECTIVES[self.kind][2]} P{self.percentile}"
+        """``TTFT P99``, ``error rate``, ``TTFT P99 of /v1/chat/completions``."""
+        what = "error rate" if self.signal == ERROR_RATE else f"{LATENCY_OBJECTIVES[self.kind][2]} P{self.percentile}"
+        return what if self.route is None else f"{what} of {self.route}"
 
     @property
     def unit(self) -> str:
         return "fraction" if self.signal == ERROR_RATE else "s"
 
     def to_json(self) -> dict[str, Any]:
-        return {"signal": self.signal, "target": self.target, "unit": self.unit, "source": self.source}
+        out = {"signal": self.signal, "target": self.target, "unit": self.unit, "source": self.source}
+        return out | ({"route": self.route} if self.route is not None else {})
 
 
 def objective_signals() -> list[str]:
@@ -150,7 +161,8 @@ def parse_slo(items: Iterable[str]) -> dict[str, float]:
 
 
 def load_slo_file(path: str | Path, model: str | None = None) -> tuple[dict[str, float], str | None]:
-    """Objectives from an SLO file, and the workload class it names (None: not named).
+    """Objectives from an SLO file, and the workload class it names (None: not named). A key of the
+    returned targets is a signal, or SIGNAL@ROUTE for one route's objective (``Objective.key``).
 
     .. code-block:: yaml
 
@@ -162,6 +174,9 @@ def load_slo_file(path: str | Path, model: str | None = None) -> tuple[dict[str,
           llama-3.1-8b:
             slo: {ttft_p99: 1s}
             workload: interactive
+        routes:                   # per API path: judged on that route's requests only
+          /v1/completions:
+            slo: {ttft_p99: 10s}
     """
     import yaml
 
@@ -179,9 +194,9 @@ def load_slo_file(path: str | Path, model: str | None = None) -> tuple[dict[str,
         raise InputError(f"{p}: line {mark.line + 1 if mark else '?'}: not valid YAML") from None
     if not isinstance(raw, dict):
         raise InputError(f"{p}: expected a mapping with slo: (and optionally workload:, models:)")
-    unknown = set(raw) - {"slo", "workload", "models"}
+    unknown = set(raw) - {"slo", "workload", "models", "routes"}
     if unknown:
-        raise InputError(f"{p}: unknown key {sorted(unknown)[0]!r}; expected slo, workload, models")
+        raise InputError(f"{p}: unknown key {sorted(unknown)[0]!r}; expected slo, workload, models, routes")
     targets, workload = _section(raw, str(p))
     models = raw.get("models") or {}
     if not isinstance(models, dict):
@@ -195,6 +210,16 @@ def load_slo_file(path: str | Path, model: str | None = None) -> tuple[dict[str,
                 targets |= more
                 workload = wl or workload
                 break
+    routes = raw.get("routes") or {}
+    if not isinstance(routes, dict):
+        raise InputError(f"{p}: routes: expected a mapping of API path -> {{slo: ...}}")
+    for route, section in routes.items():
+        if not isinstance(route, str) or not route.startswith("/"):
+            raise InputError(f"{p}: routes: {route!r}: a route is an API path such as /v1/chat/completions")
+        if not isinstance(section, dict) or set(section) - {"slo"}:
+            raise InputError(f"{p}: routes.{route}: expected slo:")
+        more, _ = _section(section, f"{p}: routes.{route}")
+        targets |= {f"{sig}{ROUTE_SEP}{route}": t for sig, t in more.items()}
     return targets, workload
 
 
@@ -225,11 +250,12 @@ def resolve(stated: Mapping[str, float] | None = None, workload: str | None = No
     if defaults:
         for sig, target in WORKLOADS[check_workload(workload)].items():
             out[sig] = Objective(sig, target, f"default ({workload})")
-    for sig, target in (file_targets or {}).items():
-        out[sig] = Objective(sig, target, file_name)
+    for key, target in (file_targets or {}).items():
+        sig, _, route = key.partition(ROUTE_SEP)
+        out[key] = Objective(sig, target, file_name, route or None)
     for sig, target in (stated or {}).items():
         out[sig] = Objective(sig, target, "--slo")
-    return tuple(out[s] for s in sorted(out, key=_order))
+    return tuple(out[k] for k in sorted(out, key=lambda k: (_order(k.partition(ROUTE_SEP)[0]), k)))
 
 
 def _order(signal: str) -> tuple[int, str]:
@@ -239,5 +265,6 @@ def _order(signal: str) -> tuple[int, str]:
 
 
 def targets(objectives: Iterable[Objective]) -> dict[str, float]:
-    """signal -> target, as rule conditions read them (``slo.ttft_p99_s``)."""
-    return {o.signal: o.target for o in objectives}
+    """key -> target (``Objective.key``: the signal, or SIGNAL@ROUTE), as rule conditions read the
+    capture-wide ones (``slo.ttft_p99_s``) and the harm signals judge all of them."""
+    return {o.key: o.target for o in objectives}

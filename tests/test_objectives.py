@@ -136,3 +136,29 @@ def test_pettitt_finds_a_step_and_not_noise():
     ramp_hurt = np.r_[np.zeros(150), (np.linspace(0, 1, 150) > 0.3).astype(float)]  # a ramp crossing a target
     k, p = pettitt(ramp_hurt)
     assert abs(k - (150 + 45)) <= 3 and p < 1e-6
+
+
+def test_a_route_objective_judges_that_route_only(tmp_path):
+    """An SLO file's routes: each judged on the requests sent to that API path (the proxy records
+    it): a slow /v1/completions breaks its own objective, not chat's, and the breach names it."""
+    from kvdoctor.capture import CaptureWriter
+    from kvdoctor.model import CaptureMeta, RequestRecord
+
+    rng = np.random.default_rng(7)
+    with CaptureWriter(tmp_path / "c", CaptureMeta(engine="vllm", origin="attach", server="http://x")) as w:
+        for i in range(200):
+            batch = i % 2 == 1
+            ttft = float(rng.uniform(3.0, 4.0) if batch else rng.uniform(0.05, 0.2))
+            w.write(RequestRecord(request_id=str(i), arrival_s=1_000.0 + i, ttft_s=ttft, e2e_s=ttft + 1.0,
+                                  output_tokens=20, prompt_tokens=100, route="/v1/completions" if batch else "/v1/chat/completions"))
+    f = tmp_path / "kvdoctor.yaml"
+    f.write_text("workload: batch\nroutes:\n  /v1/chat/completions:\n    slo: {ttft_p99: 500ms}\n"
+                 "  /v1/completions:\n    slo: {ttft_p99: 2s}\n")
+    diag = diagnose(kvdoctor.load(tmp_path / "c"), options=Options(slo_file=str(f)))
+    (inc,) = pages(diag)
+    (b,) = inc.breaches
+    assert b.objective.route == "/v1/completions" and b.reading.over == 100 and b.reading.total == 100
+    assert "of /v1/completions" in b.objective.label
+    # chat's requests meet their 500 ms: no breach of it, though the capture-wide P99 is ~4 s
+    w = diag.prepared.window(diag.start_s, diag.end_s)
+    assert w.value("ttft_p99_s") > 3.0 and "/v1/chat/completions" not in {x.objective.route for x in inc.breaches}

@@ -254,6 +254,8 @@ def test_completions_stream_and_non_streaming_json_with_timings():
     assert b.ttft_s == pytest.approx(b.e2e_s - 0.030, abs=1e-6)
     assert b.output_repetition == pytest.approx(1 / 5)
     assert b.itl_s is None and b.turn == 1
+    # the API path each was sent to: objectives can be set per route (docs/slo.md)
+    assert (a.route, b.route) == ("/v1/completions", "/v1/chat/completions")
 
 
 def test_passthrough_paths_methods_headers_and_gzip():

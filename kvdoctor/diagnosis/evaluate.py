@@ -64,7 +64,7 @@ class Options:
     def stated(self) -> frozenset[str]:
         """The signals of the objectives the user gave (--slo, an SLO file), not defaults."""
         objs = self.objectives if self.objectives is not None else self.resolve().objectives
-        return frozenset(o.signal for o in objs if o.stated)
+        return frozenset(o.key for o in objs if o.stated)
 
     @property
     def targets(self) -> dict[str, float]:

@@ -165,8 +165,8 @@ def breaches_on(w: Window, symptom: str, objectives: Iterable[Objective]) -> tup
     """The objectives of ``symptom`` broken on ``w`` (TTFT and queue time for ``ttft``, TPOT and
     ITL for ``tpot``, end-to-end for ``latency``, the error rate for ``errors``), worst first."""
     by_signal = {r.signal: r for r in readings(w)}
-    out = [Breach(o, by_signal[o.signal]) for o in objectives
-           if o.symptom == symptom and o.signal in by_signal and by_signal[o.signal].broken]
+    out = [Breach(o, by_signal[o.key]) for o in objectives
+           if o.symptom == symptom and o.key in by_signal and by_signal[o.key].broken]
     out.sort(key=lambda b: -b.reading.burn_rate)
     return tuple(out)
 

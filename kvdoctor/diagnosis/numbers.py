@@ -73,7 +73,7 @@ def key_numbers(w: Window, objectives: Iterable[Objective]) -> KeyNumbers:
     by_signal = {r.signal: r for r in readings(w)}
     checks = []
     for o in objectives:
-        r = by_signal.get(o.signal)
+        r = by_signal.get(o.key)
         if r is not None:
             checks.append(ObjectiveCheck(o, r.measured, r.broken, r.over, r.total))
     errors = w.value("errors")

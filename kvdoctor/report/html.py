@@ -231,6 +231,7 @@ class _Page:
             checks = k.check_for(key)
             broken = any(c.broken for c in checks)
             obj = "; ".join(f"P{c.objective.percentile} ≤ {target_text(c.objective.target, 's')}"
+                            + (f" on {c.objective.route}" if c.objective.route else "")
                             + (f" — broken: {c.over:,} of {c.total:,} over" if c.broken else "")
                             + ("" if c.objective.stated else " (default)") for c in checks) or "—"
             cells = "".join(f'<td class="n">{esc(fmt(vals.get(q), "s"))}</td>' for q in QUANTILES)

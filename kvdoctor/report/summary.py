@@ -81,7 +81,7 @@ def key_numbers_lines(diag: Diagnosis) -> list[str]:
         for c in k.check_for(key):
             o = c.objective
             mark = f" BROKEN ({c.over:,}/{c.total:,} over)" if c.broken else ""
-            obj.append(f"P{o.percentile} <= {target_text(o.target, 's')}{mark}")
+            obj.append(f"P{o.percentile} <= {target_text(o.target, 's')}{f' on {o.route}' if o.route else ''}{mark}")
         rows.append((name, *(fmt(vals.get(q), "s") for q in QUANTILES), "; ".join(obj) or "-"))
     out = []
     if len(rows) > 1:

@@ -24,7 +24,7 @@ import numpy as np
 from dataclasses import dataclass
 
 from ..numeric import binom_sf
-from ..objectives import ERROR_RATE, LATENCY_OBJECTIVES
+from ..objectives import ERROR_RATE, LATENCY_OBJECTIVES, ROUTE_SEP
 from .load import _baseline
 from .registry import percentile, signal
 
@@ -47,6 +47,8 @@ ALPHA = 0.05
 
 
 def _kind(signal_name: str) -> str:
+    """``ttft`` of ``ttft_p99_s`` (and of ``ttft_p99_s@/v1/completions``), or ``error_rate``."""
+    signal_name = signal_name.partition(ROUTE_SEP)[0]
     return signal_name if signal_name == ERROR_RATE else signal_name.split("_")[0]
 
 
@@ -84,35 +86,51 @@ class Reading:
 
 
 def readings(w) -> list[Reading]:
-    """Every objective of the window's capture (Prepared.slo: signal -> target) read on the window."""
+    """Every objective of the window's capture (Prepared.slo: key -> target, the key a signal or
+    SIGNAL@ROUTE) read on the window: a route's objective on that route's requests only."""
     got = w._cache.get("objective_readings")
     if got is not None:
         return got
     out = []
-    for sig, target in w.prep.slo.items():
+    for key, target in w.prep.slo.items():
         if not target > 0:
             continue
+        sig, _, route = key.partition(ROUTE_SEP)
         kind = _kind(sig)
+        mine = _route_mask(w, route) if route else None
         if kind == ERROR_RATE:
-            n = w.n_requests
-            over = int(w.prep.is_error[w.req].sum()) if n else 0
-            measured = w.value(ERROR_RATE)
-            out.append(Reading(sig, target, measured, over if n >= MIN_REQUESTS else 0, n if n >= MIN_REQUESTS else 0,
-                               target))
+            failed = w.prep.is_error[w.req] if mine is None else w.prep.is_error[w.req][mine]
+            n = len(failed)
+            out.append(Reading(key, target, float(failed.mean()) if n >= MIN_REQUESTS else np.nan,
+                               int(failed.sum()) if n >= MIN_REQUESTS else 0, n if n >= MIN_REQUESTS else 0, target))
             continue
         if kind not in LATENCY_OBJECTIVES:
             continue
         if kind == "itl":
-            v = w.itl_values()
-            v = v if len(v) else w.r("itl_p99_s")
+            v = w.itl_values() if mine is None else np.array([])
+            v = v if len(v) else w.r("itl_p99_s") if mine is None else w.r("itl_p99_s")[mine]
         else:
             v = w.r(LATENCY_OBJECTIVES[kind][1])
+            v = v if mine is None else v[mine]
         v = v[np.isfinite(v)]
         total = len(v) if len(v) >= MIN_REQUESTS else 0
-        out.append(Reading(sig, target, w.value(sig), int((v > target).sum()) if total else 0, total,
-                           1 - int(sig.split("_")[1][1:]) / 100))
+        q = int(sig.split("_")[1][1:])
+        measured = w.value(sig) if mine is None else (float(np.percentile(v, q)) if total else np.nan)
+        out.append(Reading(key, target, measured, int((v > target).sum()) if total else 0, total, 1 - q / 100))
     w._cache["objective_readings"] = out
     return out
+
+
+def _route_mask(w, route: str) -> np.ndarray:
+    """Which of the window's requests were sent to ``route``."""
+    codes, labels = w.prep.memo.get("route_codes") or w.prep.memo.setdefault("route_codes", _route_codes(w.prep))
+    want = labels.index(route) if route in labels else -2
+    return codes[w.req] == want
+
+
+def _route_codes(prep) -> tuple[np.ndarray, list]:
+    codes, labels = prep.cap.requests.codes("route")
+    return codes[prep._order], list(labels)
 
 
 def _worst(w, kinds: tuple[str, ...], what: str) -> float:
@@ -358,4 +376,4 @@ def objective_defaults_only(w):
     broken = [r for r in readings(w) if r.broken]
     if not broken:
         return np.nan
-    return float(all(r.signal not in w.prep.stated for r in broken))
+    return float(all(r.signal not in w.prep.stated for r in broken))  # r.signal: the objective's key

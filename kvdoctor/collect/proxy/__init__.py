@@ -37,7 +37,8 @@ before llhttp has parsed the whole request.
 """
 from .http import ProxyServer
 from .record import client_request_id, traceparent_trace_id
-from .relay import ANALYSED_PATHS, SOURCE_NAME, Relay, make_proxy, start_proxy
+from .record import ANALYSED_PATHS
+from .relay import SOURCE_NAME, Relay, make_proxy, start_proxy
 from .sse import MAX_ANALYSED_BODY, MAX_SSE_EVENT_BYTES, StreamAnnotator
 
 __all__ = ["ANALYSED_PATHS", "MAX_ANALYSED_BODY", "MAX_SSE_EVENT_BYTES", "SOURCE_NAME", "ProxyServer", "Relay",

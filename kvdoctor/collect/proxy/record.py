@@ -43,6 +43,11 @@ def traceparent_trace_id(value: str | None) -> str | None:
     return m.group(2)
 
 
+#: request paths whose POSTs are analysed, and their kind; a record's route is its kind's path
+ANALYSED_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ROUTES = {kind: path for path, kind in ANALYSED_PATHS.items()}
+
+
 def build_record(an: StreamAnnotator, request_body: bytes, block_chars: int, server: str | None,
                  store_text: bool) -> RequestRecord:
     """The record of a finished request; ``request_body`` is the client's request as sent."""
@@ -106,6 +111,7 @@ def build_record(an: StreamAnnotator, request_body: bytes, block_chars: int, ser
         model=model,
         server=server,
         trace_id=an.trace_id,
+        route=ROUTES.get(an.kind),
         output_repetition=rep_value,
         prompt_text=prompt if store_text else None,
         output_text=out_text if store_text else None,

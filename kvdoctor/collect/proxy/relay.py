@@ -18,15 +18,12 @@ from yarl import URL
 from ...model import RequestRecord
 from .eager import EagerRelay
 from .http import ClosedEarly, Malformed, ProxyServer, Reply, Request, Response, UpstreamClient, UpstreamError
-from .record import build_record, client_request_id, traceparent_trace_id
+from .record import ANALYSED_PATHS, build_record, client_request_id, traceparent_trace_id
 from .sse import MAX_ANALYSED_BODY, StreamAnnotator
 
 log = logging.getLogger("kvdoctor.proxy")
 
 SOURCE_NAME = "proxy"
-
-#: request paths whose POSTs are analysed, and their kind
-ANALYSED_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
 _HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"trailers", b"upgrade",

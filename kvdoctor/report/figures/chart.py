@@ -98,6 +98,7 @@ def slo_to_draw(diag: Diagnosis) -> tuple[dict[str, float], set[str]]:
     """The objectives to draw (those the diagnosis judged), and which of them the user gave (the
     rest are the workload's defaults)."""
     objs = diag.options.objectives or ()
+    objs = [o for o in objs if o.route is None]  # a route's objective is not a line over every request
     return {o.signal: o.target for o in objs}, {o.signal for o in objs if o.stated}
 
 
