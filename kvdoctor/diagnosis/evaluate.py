@@ -238,21 +238,33 @@ def _clusters(acts: list[Activation]) -> list[tuple[str, list[Activation]]]:
     return out
 
 
+def _span(cluster: list[Activation]) -> tuple[float, float]:
+    return min(a.start_s for a in cluster), max(a.end_s for a in cluster)
+
+
+def _overlap(a: list[Activation], b: list[Activation]) -> float:
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return min(a1, b1) - max(a0, b0)
+
+
 def _attach(clusters: list[tuple[str, list[Activation]]]) -> list[tuple[str, list[Activation]]]:
-    """Move each ATTACHABLE cluster into the harm incident it overlaps most (one incident per
-    cause: "every turn is slower" is why TTFT broke its objective, not a second page)."""
-    harms = [(s, c) for s, c in clusters if s not in ATTACHABLE]
-    keep = list(harms)
+    """One incident per cause, not one per rule or per symptom:
+
+    * each ATTACHABLE cluster (turn growth, capacity, quality) moves into the harm incident it
+      overlaps most ("every turn is slower" is why TTFT broke its objective, not a second page);
+    * a harm incident that only says an objective broke (no rule named why) joins an overlapping
+      incident whose cause explains more than one symptom: turn growth (both TTFT and decode grow
+      with the history) or KV memory (preemption recomputes and requeues: TTFT and TPOT alike).
+      The merged incident keeps the harm's symptom and reads the breaches of both.
+    """
+    keep = [(s, c) for s, c in clusters if s not in ATTACHABLE]
     for symptom, cluster in clusters:
         if symptom not in ATTACHABLE:
             continue
-        a0, a1 = min(a.start_s for a in cluster), max(a.end_s for a in cluster)
         best, best_overlap = None, 0.0
         for k, (hs, hc) in enumerate(keep):
-            if hs in ATTACHABLE:
-                continue
-            h0, h1 = min(a.start_s for a in hc), max(a.end_s for a in hc)
-            overlap = min(a1, h1) - max(a0, h0)
+            overlap = _overlap(cluster, hc)
+            (a0, a1), (h0, h1) = _span(cluster), _span(hc)
             if overlap > best_overlap or (overlap == best_overlap == 0 and a0 <= h1 and h0 <= a1):
                 best, best_overlap = k, overlap
         if best is None:
@@ -260,7 +272,22 @@ def _attach(clusters: list[tuple[str, list[Activation]]]) -> list[tuple[str, lis
         else:
             hs, hc = keep[best]
             keep[best] = (hs, hc + cluster)
-    return keep
+    explains_several = lambda c: any(a.rule.kind != "objective" and a.rule.symptom in (*ATTACHABLE, "memory")  # noqa: E731
+                                     for a in c)
+    out: list[tuple[str, list[Activation]]] = []
+    merged: set[int] = set()
+    for k, (symptom, cluster) in enumerate(keep):
+        if k in merged or not all(a.rule.kind == "objective" for a in cluster):
+            continue
+        host = next((j for j, (hs, hc) in enumerate(keep)
+                     if j != k and j not in merged and explains_several(hc) and _overlap(cluster, hc) > 0), None)
+        if host is not None:
+            hs, hc = keep[host]
+            # the harm names the incident; the memory finding is its cause
+            keep[host] = (symptom if hs == "memory" else hs, hc + cluster)
+            merged.add(k)
+    out = [kc for k, kc in enumerate(keep) if k not in merged]
+    return out
 
 
 def _incident(prep: Prepared, symptom: str, cluster: list[Activation], start: float, end: float,
@@ -271,6 +298,8 @@ def _incident(prep: Prepared, symptom: str, cluster: list[Activation], start: fl
             best[a.rule.id] = a
     severity = {rid: max((a.severity for a in cluster if a.rule.id == rid), key=SEVERITY_RANK.__getitem__)
                 for rid in best}
+    # every symptom whose objective the cluster's rules judge: a merged incident reads all its breaches
+    also = tuple(sorted({a.rule.symptom for a in cluster if a.rule.kind == "objective"} - {symptom}))
     return incident_on(prep.window(start, end), symptom, start, end,
                        [(a.rule, a.confidence, a.cause, severity[a.rule.id]) for a in best.values()],
-                       opt.targets, objectives=opt.objectives or ())
+                       opt.targets, objectives=opt.objectives or (), also=also)

@@ -143,7 +143,7 @@ def time_label(t: float, start_s: float, clock: str, arrivals_known: bool = True
 
 def incident_on(w: Window, symptom: str, start_s: float, end_s: float,
                 fired: Iterable[tuple], slo: dict[str, float],
-                objectives: Iterable[Objective] = ()) -> Incident:
+                objectives: Iterable[Objective] = (), also: tuple[str, ...] = ()) -> Incident:
     """The incident of rules that fired ((rule, confidence, cause title[, severity])), its causes
     ranked and their evidence, fixes and the impact read on ``w``; ``objectives`` broken on ``w``
     whose symptom is the incident's become its breaches."""
@@ -157,8 +157,10 @@ def incident_on(w: Window, symptom: str, start_s: float, end_s: float,
     # incidents first by how bad, then how sure: a harmful cause outranks an observation of the same symptom
     causes.sort(key=lambda c: (-(SEVERITY_RANK[c.effective_severity] >= 2), -c.confidence,
                                -SEVERITY_RANK[c.effective_severity], c.rule.id))
-    return Incident(symptom, start_s, end_s, causes, _impact(w, causes[0].rule, slo),
-                    breaches=breaches_on(w, symptom, objectives))
+    objectives = tuple(objectives)
+    breaches = sorted((b for s in (symptom, *also) for b in breaches_on(w, s, objectives)),
+                      key=lambda b: -b.reading.burn_rate)
+    return Incident(symptom, start_s, end_s, causes, _impact(w, causes[0].rule, slo), breaches=tuple(breaches))
 
 
 def breaches_on(w: Window, symptom: str, objectives: Iterable[Objective]) -> tuple[Breach, ...]:

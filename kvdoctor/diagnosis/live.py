@@ -77,8 +77,9 @@ class LiveDiagnoser:
             else:
                 start = min(self._since[rid] for rid in rids)
                 start = live_onset(prep, symptom, start, now_s, self.options.lookback_s)
+            also = tuple(sorted({by_id[r].symptom for r in rids if by_id[r].kind == "objective"} - {symptom}))
             inc = incident_on(w, symptom, start, now_s, fired, self.options.targets,
-                              objectives=self.options.objectives or ())
+                              objectives=self.options.objectives or (), also=also)
             seen = was.rules_seen if was is not None else ()
             inc = dataclasses.replace(inc, id=was.id if was is not None else next(_ids),
                                       rules_seen=seen + tuple(c.rule.id for c in inc.causes if c.rule.id not in seen))
@@ -96,7 +97,9 @@ class LiveDiagnoser:
     @staticmethod
     def _groups(firing: set[str], by_id: dict[str, Rule], active: dict[str, Match]) -> dict[tuple[str, bool], list[str]]:
         """Firing rules by (symptom, observation): incidents (warning, critical) and observations
-        (info) apart; a turn-growth or capacity finding joins a harm incident open beside it."""
+        (info) apart, one incident per cause as offline (evaluate._attach): a turn-growth or
+        capacity finding joins a harm incident open beside it, and an incident that only says an
+        objective broke joins one whose cause explains several symptoms (turn growth, KV memory)."""
         groups: dict[tuple[str, bool], list[str]] = {}
         for rid in sorted(firing):
             groups.setdefault((by_id[rid].symptom, not is_incident(active[rid].severity)), []).append(rid)
@@ -104,6 +107,15 @@ class LiveDiagnoser:
         for key in [k for k in groups if not k[1] and k[0] in ATTACHABLE]:
             if harm_keys:
                 groups[harm_keys[0]] += groups.pop(key)
+        for key in [k for k in groups if not k[1]]:
+            if key not in groups or not all(by_id[r].kind == "objective" for r in groups[key]):
+                continue
+            host = next((k for k in groups if k != key and not k[1] and any(
+                by_id[r].kind != "objective" and by_id[r].symptom in (*ATTACHABLE, "memory") for r in groups[k])), None)
+            if host is not None:
+                rids = groups.pop(host) + groups.pop(key)
+                merged = (key[0], False) if host[0] == "memory" else host
+                groups[merged] = groups.get(merged, []) + rids
         return groups
 
 
