@@ -162,3 +162,48 @@ def test_a_route_objective_judges_that_route_only(tmp_path):
     # chat's requests meet their 500 ms: no breach of it, though the capture-wide P99 is ~4 s
     w = diag.prepared.window(diag.start_s, diag.end_s)
     assert w.value("ttft_p99_s") > 3.0 and "/v1/chat/completions" not in {x.objective.route for x in inc.breaches}
+
+
+def test_histogram_share_over_agrees_with_its_quantile():
+    """An engine histogram's count over a target is interpolated inside the bucket as Prometheus's
+    histogram_quantile interpolates, so 'P99 over target' and 'more than 1% over target' agree."""
+    from kvdoctor.engines.rates import histogram_count_over, histogram_quantile
+
+    d = {"le": [0.1, 0.5, 1.0, 2.5, 5.0], "cum": [10, 40, 70, 90, 98], "sum": None, "count": 100}
+    for q in (0.5, 0.9, 0.95, 0.97):
+        over, n = histogram_count_over(histogram_quantile(q, None, d), d)
+        assert n == 100 and over == pytest.approx((1 - q) * 100)
+    assert histogram_count_over(10.0, d) == (2.0, 100.0)  # the +Inf bucket: all over the last bound
+    assert histogram_count_over(0.0, d) == (100.0, 100.0)
+    assert math.isnan(histogram_count_over(1.0, {"le": [1.0], "cum": [0], "count": 0})[0])
+
+
+def _histogram_only(tmp_path, over_share: float):
+    """A vLLM-like scrape every 10 s for 10 min and no request records (as from Prometheus): 20
+    requests per interval, ``over_share`` of them with TTFT in the 5-10 s bucket, the rest under 0.5 s."""
+    from kvdoctor.capture.memory import from_records
+    from kvdoctor.model import CaptureMeta, EngineSample
+
+    les, cum, out = [0.5, 1.0, 2.5, 5.0, 10.0], np.zeros(5), []
+    for i in range(61):
+        slow = 20 * over_share
+        cum += [20 - slow, 20 - slow, 20 - slow, 20 - slow, 20]
+        out.append(EngineSample(time_s=1.7e9 + i * 10.0, engine="vllm", server="a",
+                                values={"requests_running": 4.0, "requests_waiting": 0.0},
+                                histograms={"ttft_seconds": {"le": les, "cum": list(cum), "sum": None, "count": 20.0 * (i + 1)}}))
+    return from_records(CaptureMeta(engine="vllm"), engine=out)
+
+
+@pytest.mark.parametrize("over_share, broken", [(0.3, True), (0.0, False)])
+def test_objectives_are_judged_on_engine_histograms_without_request_records(tmp_path, over_share, broken):
+    """A Prometheus range has no request records (the fleet's rules lift their request-count gate);
+    the engine's TTFT histogram says how many requests went over the objective (the on-call page of a fleet replica whose TTFT P99 was 9.8 s
+    read 'no objective broken' before)."""
+    from kvdoctor.diagnosis.rules import load_rules
+    from kvdoctor.fleet.diagnosis import engine_rules
+
+    diag = diagnose(_histogram_only(tmp_path, over_share), rules=engine_rules(load_rules()))
+    breaches = [b for i in pages(diag) for b in i.breaches if b.objective.signal == "ttft_p99_s"]
+    assert bool(breaches) == broken, [(i.severity, i.top.rule.id) for i in diag.incidents]
+    if broken:
+        assert breaches[0].reading.total >= 100 and breaches[0].reading.share_over == pytest.approx(0.3, abs=0.02)

@@ -108,6 +108,23 @@ def histogram_quantile(q: float, before: Hist | None, after: Hist | None) -> flo
     return start + (end - start) * (rank / count) if count > 0 else end
 
 
+def histogram_count_over(x: float, d: Mapping[str, Any] | None) -> tuple[float, float]:
+    """(observations above ``x``, all observations) of a histogram delta (histogram_delta's
+    dict), interpolated linearly inside the bucket holding ``x`` as histogram_quantile does, so
+    that a quantile over ``x`` and a share over ``x`` agree. (nan, 0) when nothing was observed."""
+    if not d or d.get("count") is None or not d["count"]:
+        return math.nan, 0.0
+    total = float(d["count"])
+    start, below, run = 0.0, 0.0, 0.0
+    for le, c in zip(d["le"], d["cum"]):
+        run = max(run, c)  # PromQL's ensureMonotonic
+        if x < le:
+            inside = (x - start) / (le - start) if le > start else 1.0
+            return total - (below + (run - below) * max(inside, 0.0)), total
+        start, below = le, run
+    return max(total - run, 0.0) if x < math.inf else 0.0, total
+
+
 def _series(samples: Any) -> dict[tuple[str, Any], list[tuple[float, Hist]]]:
     """(name, server) → [(time, hist)] from EngineSamples (or dicts), or from a mapping
     name → [(time, hist)] as the capture reader gives it."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from dataclasses import dataclass
 
+from ..engines.rates import histogram_count_over
 from ..numeric import binom_sf
 from ..objectives import ERROR_RATE, LATENCY_OBJECTIVES, ROUTE_SEP
 from .load import _baseline
@@ -35,6 +36,9 @@ NOTICEABLE_S = 1.0
 #: service time is an M/D/1 server at ~2/3 utilisation; beyond it waits grow without bound)
 WAIT_OVER_WORK = 1.0
 MIN_REQUESTS = 5
+
+#: the engine histogram (neutral name) each latency objective is read from without request records
+ENGINE_HISTOGRAM = {"ttft": "ttft_seconds", "tpot": "tpot_seconds", "e2e": "e2e_seconds", "queue": "queue_seconds"}
 
 #: objective kinds per harm symptom
 KINDS = {"ttft": ("ttft", "queue"), "tpot": ("tpot", "itl"), "e2e": ("e2e",), "errors": (ERROR_RATE,)}
@@ -116,7 +120,14 @@ def readings(w) -> list[Reading]:
         total = len(v) if len(v) >= MIN_REQUESTS else 0
         q = int(sig.split("_")[1][1:])
         measured = w.value(sig) if mine is None else (float(np.percentile(v, q)) if total else np.nan)
-        out.append(Reading(key, target, measured, int((v > target).sum()) if total else 0, total, 1 - q / 100))
+        over = int((v > target).sum()) if total else 0
+        if not total and mine is None and kind in ENGINE_HISTOGRAM:
+            # no request records (a Prometheus range, a scrape alone): the engine's histogram
+            # counts the requests over the target as its quantile reads the P99
+            over_f, n = histogram_count_over(target, w.engine_hist(ENGINE_HISTOGRAM[kind]))
+            if n >= MIN_REQUESTS and np.isfinite(over_f):
+                over, total = int(round(over_f)), int(n)
+        out.append(Reading(key, target, measured, over, total, 1 - q / 100))
     w._cache["objective_readings"] = out
     return out
 

@@ -66,9 +66,19 @@ class Window:
     def engine_quantile(self, name: str, q: float) -> float:
         """Quantile of an engine histogram over the window (Prometheus histogram_quantile of
         the increase between the window's first and last scrape)."""
+        d = self.engine_hist(name)
+        if not d or not d.get("count"):
+            return float("nan")
+        from ..engines.rates import histogram_quantile
+
+        return histogram_quantile(q, None, d)
+
+    def engine_hist(self, name: str) -> dict | None:
+        """The observations of an engine histogram over the window (the increase between the
+        window's first and last scrape, histogram_delta's dict), None without that histogram."""
         rows = self.prep.cap.engine.histograms.get(name)
         if not rows:
-            return float("nan")
+            return None
         key = f"hist:{name}"
         if key not in self._cache:
             from ..engines.rates import window_histograms
@@ -81,12 +91,7 @@ class Window:
                 i0 = max(int(np.searchsorted(times, self.t0, side="right")) - 1, 0)
                 rows = rows[i0:i1]
             self._cache[key] = window_histograms({name: rows}, self.t0, self.t1).get(name)
-        d = self._cache[key]
-        if not d or not d.get("count"):
-            return float("nan")
-        from ..engines.rates import histogram_quantile
-
-        return histogram_quantile(q, None, d)
+        return self._cache[key]
 
     def engine_tpot_steps(self) -> tuple[np.ndarray, np.ndarray]:
         """(requests running, TPOT) per interval between consecutive engine samples in the
