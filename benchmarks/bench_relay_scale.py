@@ -498,6 +498,7 @@ class Proc:
         raise RuntimeError(f"{self.name} did not listen on {self.port} within {timeout_s} s")
 
     def stop(self) -> None:
+        died = self.p.poll() is not None
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
             try:
@@ -506,7 +507,9 @@ class Proc:
                 os.killpg(self.p.pid, signal.SIGKILL)
                 self.p.wait()
         text = Path(self.log.name).read_text(errors="replace").strip()
-        if text and self.name == "upstream":
+        if text and (self.name == "upstream" or died):
+            if died:
+                print(f"{self.name} exited early ({self.p.returncode})", file=sys.stderr)
             print(f"{self.name} said: {text[-3000:]}", file=sys.stderr)
         Path(self.log.name).unlink(missing_ok=True)
 
@@ -623,20 +626,27 @@ async def _client_main(args: argparse.Namespace, targets: dict[str, int], pids: 
     levels: dict[str, dict[str, dict[str, Any]]] = {}
     raw: dict[str, Any] = {}
     deadline = time.monotonic() + args.max_duration
+    dead: set[str] = set()
     for mode in args.modes:
         for n in args.streams:
             title = f"{n} streams, {mode}"
             phases: dict[str, list] = {t: [] for t in targets}
-            order = list(targets)
+            order = [t for t in targets if t not in dead]
             for r in range(args.rounds):
-                for t in (order if r % 2 == 0 else order[::-1]):
+                for t in (order[:] if r % 2 == 0 else order[::-1]):
+                    if t in dead:
+                        continue
                     if time.monotonic() > deadline:
                         break
                     spy = None
                     if args.py_spy and t.startswith("attach"):
                         Path(args.py_spy).mkdir(parents=True, exist_ok=True)
                         spy = (pids[t], str(Path(args.py_spy) / f"{t}-{n}-{mode}-r{r}.txt"))
-                    phases[t].append(await run_phase(targets[t], pids, n, mode, args, spy))
+                    try:
+                        phases[t].append(await run_phase(targets[t], pids, n, mode, args, spy))
+                    except OSError as e:  # a target that died: the others go on; its log is printed at the end
+                        print(f"  {t}: {type(e).__name__}: {e} ({title}); left out from here", file=sys.stderr)
+                        dead.add(t)
             phases = {t: ph for t, ph in phases.items() if ph}
             if not phases:
                 continue
