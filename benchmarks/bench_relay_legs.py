@@ -9,7 +9,14 @@ Per request, two legs are stamped, as ``bench_proxy.py`` sees them from outside:
   write to the upstream connection;
 * **first-chunk leg**: from the upstream's response head and first SSE chunk handed to the proxy to
   its write of that chunk to the client (the loop turn that wakes the relay and the head's write
-  included).
+  included);
+* **chunk leg**: each of ``--events`` later reads, one SSE event each (a paced stream: an engine's
+  decode step per read), through the proxy's read callback (its write to the client and whatever
+  analysis it does there), the caches thrashed lightly (2 MiB) before each, as a core another
+  process ran on since;
+* **end leg**: from the response's last read to its record emitted (what was left of the analysis,
+  the record built); ``per_event_us``: a request's chunk legs and end leg over its events, the
+  relay's CPU per streamed event.
 
 Variants run interleaved, request by request, so drift hits them alike: ``kvdoctor`` (as shipped: the
 request parsed by llhttp, then sent from the read callback, and the response written from the
@@ -68,6 +75,7 @@ class _Sink:
 
 
 _THRASH = bytearray(32 << 20)
+_THRASH_LIGHT = bytearray(2 << 20)
 
 
 def thrash() -> None:
@@ -75,12 +83,22 @@ def thrash() -> None:
     _THRASH[::64] = b"\x01" * (len(_THRASH) // 64)
 
 
+def thrash_light() -> None:
+    """Walk a buffer larger than a core's own caches (L1, L2), not the shared L3."""
+    _THRASH_LIGHT[::64] = b"\x02" * (len(_THRASH_LIGHT) // 64)
+
+
+def later_chunk(i: int) -> bytes:
+    return _chunk(b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+                  b'"delta":{"content":" w%d"},"finish_reason":null}]}\n\n' % i)
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
-async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
+async def run(n: int, warm: bool, events: int) -> dict[str, dict[str, float]]:
     loop = asyncio.get_running_loop()
     server = make_proxy("http://127.0.0.1:9", _Sink())
     proxy = server.proxy
@@ -91,7 +109,9 @@ async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
     up.used = True
     variants = ("kvdoctor", "task")
     eager_head = eager.EagerRelay.head
-    legs: dict[str, dict[str, list[float]]] = {v: {"request": [], "first_chunk": []} for v in variants}
+    legs: dict[str, dict[str, list[float]]] = {v: {"request": [], "first_chunk": [], "chunk": [], "end": [],
+                                                    "per_event": []} for v in variants}
+    chunks = [later_chunk(k) for k in range(events)]
     for i in range(n + 44):  # the first 44: warm-up, not counted
         variant = variants[i % len(variants)]
         # "task": the hook does nothing, so the task starts the head and writes every chunk
@@ -114,15 +134,30 @@ async def run(n: int, warm: bool) -> dict[str, dict[str, float]]:
         while client.transport.first_write_s is None:
             await asyncio.sleep(0)
         t_client = client.transport.first_write_s
+        chunk_us = []
+        for c in chunks:
+            if not warm:
+                thrash_light()
+            t2 = time.perf_counter()
+            up.data_received(c)
+            chunk_us.append((time.perf_counter() - t2) * 1e6)
+            await asyncio.sleep(0)
+        if not warm:
+            thrash_light()
+        t3 = time.perf_counter()
         up.data_received(REST)
         while server.busy:
             await asyncio.sleep(0)
+        end_us = (time.perf_counter() - t3) * 1e6
         if t_up is None or up not in proxy.client._idle:
             raise SystemExit(f"request {i} ({variant}) did not go through the pooled connection")
         proxy.client._idle.remove(up)
         if i >= 44:
             legs[variant]["request"].append((t_up - t0) * 1e6)
             legs[variant]["first_chunk"].append((t_client - t1) * 1e6)
+            legs[variant]["chunk"] += chunk_us
+            legs[variant]["end"].append(end_us)
+            legs[variant]["per_event"].append((sum(chunk_us) + end_us) / (events + 1))
     eager.EagerRelay.head = eager_head  # type: ignore[method-assign]
     if proxy.stats["records"] != n + 44:
         raise SystemExit(f"unexpected proxy stats: {proxy.stats}")
@@ -134,6 +169,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=3000, help="requests, all variants together (default 3000)")
     ap.add_argument("--warm", action="store_true", help="leave the CPU caches warm between requests")
+    ap.add_argument("--events", type=int, default=32, help="later one-event reads per response (default 32)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     try:
@@ -141,12 +177,12 @@ def main() -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency
         runner = asyncio.run
-    out = runner(run(args.n, args.warm))
+    out = runner(run(args.n, args.warm, args.events))
     print(f"relay legs, in-process, {args.n} requests, caches {'warm' if args.warm else 'thrashed'} (us)")
-    cols = list(next(iter(out.values())))
-    print(f"{'':8}" + "".join(f"{c:>22}" for c in cols))
-    for v, row in out.items():
-        print(f"{v:8}" + "".join(f"{row[c]:>22}" for c in cols))
+    names = list(out)
+    print(f"{'':22}" + "".join(f"{v:>10}" for v in names))
+    for c in next(iter(out.values())):
+        print(f"{c:22}" + "".join(f"{out[v][c]:>10}" for v in names))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

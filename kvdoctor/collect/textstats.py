@@ -17,6 +17,8 @@ All hashes are stable across processes and machines (BLAKE2b), so captures can b
 """
 from __future__ import annotations
 
+import itertools
+
 import hashlib
 from typing import Any, Iterable
 
@@ -162,18 +164,19 @@ class RepetitionCounter:
         self.total = 0
         self.repeated = 0
 
-    def _word(self, w: str) -> None:
-        win = self._window
-        win.append(w)
-        if len(win) > self.n:
-            del win[0]
-        if len(win) == self.n:
-            h = hash(tuple(win))
-            self.total += 1
-            if h in self._seen:
-                self.repeated += 1
-            else:
-                self._seen.add(h)
+    def _words(self, words: list[str]) -> None:
+        """Count the n-grams that ``words`` complete (with the last ``n-1`` words before them): in C
+        loops (zip, map, set), not a Python step per word, as a stream's text comes a batch at a time."""
+        n = self.n
+        win = self._window + words if self._window else words
+        if len(win) >= n:
+            hashes = list(map(hash, zip(*(itertools.islice(win, i, None) for i in range(n)))))
+            fresh = set(hashes)
+            fresh -= self._seen
+            self.total += len(hashes)
+            self.repeated += len(hashes) - len(fresh)  # every one already seen, earlier here or before
+            self._seen |= fresh
+        self._window = win[-(n - 1):] if n > 1 else []
 
     def feed(self, text: str) -> None:
         if not text:
@@ -187,13 +190,13 @@ class RepetitionCounter:
             self._partial = words.pop()
         else:
             self._partial = ""
-        for w in words:
-            self._word(w)
+        if words:
+            self._words(words)
 
     def finish(self) -> float | None:
         """Flush the last word; returns :attr:`value`."""
         if self._partial:
-            self._word(self._partial)
+            self._words([self._partial])
             self._partial = ""
         return self.value
 

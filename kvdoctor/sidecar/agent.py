@@ -95,6 +95,9 @@ class AttachConfig:
     gc_between_requests: bool = False
     #: ask the server which engine, version and model it is (kvdoctor.collect.identify)
     identify: bool = True
+    #: processes relaying on the proxy's address: this one and ``proxy_workers - 1`` more
+    #: (relay_workers.py; one event loop carries ~16-60k SSE events/s on a core)
+    proxy_workers: int = 1
 
     def __post_init__(self) -> None:
         # an option whose extra is not installed: one line naming it, before anything starts
@@ -146,6 +149,7 @@ class Agent:
         self._runners: list[Any] = []
         self._grpc: Any = None  # the OTLP/gRPC receiver's grpc.aio server
         self._proxy_server: Any = None
+        self._relay_workers: Any = None  # relay_workers.RelayWorkers with --workers N > 1
 
     # -- lifecycle ----------------------------------------------------------------------
     async def _start_http(self) -> None:
@@ -162,13 +166,22 @@ class Agent:
             host, port = host_port(self.cfg.proxy, 9000, "--proxy")
             server = make_proxy(self.cfg.server_url, self.recording, store_text=self.cfg.store_text)
             self.live.proxy = server.proxy
+            more = self.cfg.proxy_workers - 1
             try:
-                await server.start(host, port)
+                await server.start(host, port, reuse_port=more > 0)
             except OSError as e:
                 raise InputError(f"proxy: cannot listen on {host}:{port} ({e.strerror or e}); "
                                  "choose another HOST:PORT") from None
             self._proxy_server = server
-            log.info("proxy listening on http://%s:%d", host, port)
+            if more:  # relay processes beside this one, on the same address (relay_workers.py)
+                from .relay_workers import Relays, RelayWorkers
+
+                self._relay_workers = RelayWorkers(more, self.cfg.server_url, host, server.port, self.cfg.store_text,
+                                                   self.recording, server.proxy.server_label, SHUTDOWN_GRACE_S)
+                await self._relay_workers.start()
+                self.live.proxy = Relays(server.proxy, self._relay_workers)
+            log.info("proxy listening on http://%s:%d%s", host, server.port,
+                     f" ({self.cfg.proxy_workers} relay processes)" if more else "")
         if self.cfg.otlp_receiver:
             from ..collect.otlp_receiver import make_app as make_receiver
 
@@ -240,7 +253,10 @@ class Agent:
             if self.recording.idle_gc is not None:
                 self.recording.idle_gc.close()
             if self._proxy_server is not None:
-                await self._proxy_server.close(SHUTDOWN_GRACE_S)
+                closing = [self._proxy_server.close(SHUTDOWN_GRACE_S)]
+                if self._relay_workers is not None:  # their last records come in before the capture closes
+                    closing.append(self._relay_workers.close())
+                await asyncio.gather(*closing)
             for runner in self._runners:
                 await runner.cleanup()
             if self._grpc is not None:

@@ -27,8 +27,9 @@ What it does:
   once more on a new connection, and after the first such event streamed responses' upstream
   connections are no longer pooled. Clients never see a spurious 502.
 
-Overhead: on the critical path only a clock read and an incremental SSE split + one
-``orjson.loads`` per event; the request body is parsed after the response is complete.
+Overhead: on the critical path one write to the client and one clock read per upstream read
+(however many events it holds); the events are analysed a batch at a time off that path, and
+the request body after the response is complete.
 
 The package: relay.py (the handler, retries, fail-open), eager.py (the response written from the
 upstream's read callbacks), sse.py (the per-chunk annotation), record.py (the record built from

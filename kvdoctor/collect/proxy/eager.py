@@ -21,8 +21,9 @@ from .sse import StreamAnnotator
 
 class EagerRelay:
     """The hook an upstream :class:`~kvdoctor.collect.proxy.http.Response` calls: ``head(r)``
-    once its final head is parsed, ``body(r, chunk)`` per body chunk (True: written here, not
-    queued; the chunks of one read share one timestamp, ``r.read_stamp``).
+    once its final head is parsed, ``body(r, chunks)`` once per read with the body chunks parsed
+    from it (True: written here, not queued). A read's chunks go to the client as one write and to
+    the annotator with one timestamp, as a client reading them at once sees them.
     ``an`` is the request's annotator (None once analysis failed: the task reads it from here)."""
 
     __slots__ = ("reply", "an", "_head_only", "_end_to_end", "_fail", "started", "on")
@@ -60,13 +61,12 @@ class EagerRelay:
             return
         self.on = not self._head_only
 
-    def body(self, up: Any, chunk: bytes) -> bool:
+    def body(self, up: Any, chunks: list[bytes]) -> bool:
         if not self.on:
             return False
         an = self.an
-        now = up.read_stamp
-        if now is None:  # the read's first chunk: its stamp serves every chunk of the read
-            now = up.read_stamp = an.now() if an is not None else 0.0
+        now = an.now() if an is not None else 0.0
+        chunk = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
             self.reply.write_now(chunk)
         except Exception:  # noqa: BLE001 - not written (the client left): the task tries and sees why

@@ -110,10 +110,13 @@ class Relay:
     def in_flight_records(self) -> list[RequestRecord]:
         """A provisional record per request still in flight: arrival, first token if seen,
         status ``in-flight``. For the live window only; never written to the capture."""
-        return [RequestRecord(request_id=f"in-flight-{k:x}", arrival_s=an.arrival_s, first_token_s=an.first_s,
-                              ttft_s=(an.first_s - an.arrival_s) if an.first_s is not None else None,
-                              status="in-flight", server=self.server_label)
-                for k, an in list(self.in_flight.items())]
+        out = []
+        for k, an in list(self.in_flight.items()):
+            an.settle()  # what its stream relayed so far (the first token among it)
+            out.append(RequestRecord(request_id=f"in-flight-{k:x}", arrival_s=an.arrival_s, first_token_s=an.first_s,
+                                     ttft_s=(an.first_s - an.arrival_s) if an.first_s is not None else None,
+                                     status="in-flight", server=self.server_label))
+        return out
 
     def _status(self, ok: bool, detail: str) -> None:
         if self.upstream_ok is ok:
@@ -129,6 +132,9 @@ class Relay:
         _log_once(self._logged, where, e)
 
     def _emit(self, an: StreamAnnotator, body: bytes) -> None:
+        if an.failed is not None:  # the stream's analysis failed (after end(), which analyses the rest)
+            self._fail(an, "feed", an.failed)
+            return
         try:
             rec = build_record(an, body, self.block_chars, self.server_label, self.store_text)
         except Exception as e:  # noqa: BLE001

@@ -66,13 +66,15 @@ class UpstreamConnection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             return
-        r.read_stamp = None
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade, Unrelayable) as e:
+            r.end_read()  # what was parsed before the fault goes on first, as it came
             # HttpParserUpgrade: 101 Switching Protocols, not relayed; raised in a callback, our own
             # refusal reaches us as llhttp's callback error, with ours as its context
             self._broken(e.__context__ if isinstance(e.__context__, Unrelayable) else e)
+            return
+        r.end_read()
 
     def _broken(self, e: BaseException) -> None:
         self.reusable = False

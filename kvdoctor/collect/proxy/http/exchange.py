@@ -167,7 +167,10 @@ class Reply:
         if self._no_body or not chunk:
             return
         if self._chunked:
-            conn.transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+            if len(chunk) < 65536:  # one buffer: uvloop's write() is ~0.5 us cheaper than writelines() a chunk
+                conn.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            else:  # not copied
+                conn.transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
         else:
             conn.transport.write(chunk)
 

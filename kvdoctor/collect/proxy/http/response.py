@@ -58,7 +58,7 @@ class Response:
 
     __slots__ = ("status", "reason", "headers", "complete", "_chunks", "_buffered", "_exc", "_waiter",
                  "_conn", "_head", "_head_bytes", "_reason_parts", "_head_only",
-                 "_delimited", "_paused", "keep_alive", "content_type", "pooled", "eager", "read_stamp")
+                 "_delimited", "_paused", "keep_alive", "content_type", "pooled", "eager", "_read")
 
     def __init__(self, conn: Connection, head_only: bool) -> None:
         self.status = 0
@@ -85,13 +85,12 @@ class Response:
         self.keep_alive = False
         #: sent on a connection that carried an exchange before (which the server may have closed)
         self.pooled = False
-        #: the relay's hook, if any, called from the parser: ``head(self)`` once the final head is
-        #: in, ``body(self, chunk)`` per body chunk while nothing is queued (True: it took the chunk)
-        #: (:class:`~kvdoctor.collect.proxy.eager.EagerRelay`)
+        #: the relay's hook, if any: ``head(self)`` from the parser once the final head is in, and
+        #: ``body(self, chunks)`` once per read with the body chunks parsed from it while nothing is
+        #: queued and ``eager.on`` (True: it took them) (:class:`~kvdoctor.collect.proxy.eager.EagerRelay`)
         self.eager: Any = None
-        #: the hook's clock reading for the read being parsed (None at each new read): chunks of
-        #: one read share it, as a client reading them at once would see them
-        self.read_stamp: float | None = None
+        #: the body chunks of the read being parsed, for the hook (:meth:`end_read`)
+        self._read: list[bytes] = []
 
     async def read(self) -> bytes:
         """The body bytes arrived since the last call, joined (waits for some); ``b""`` at its
@@ -191,11 +190,26 @@ class Response:
         if self.eager is not None:
             self.eager.head(self)
 
+    def end_read(self) -> None:
+        """The read is parsed: hand its body chunks to the hook at once (one write and one stamp a
+        read, however many chunks it held), or queue them for :meth:`read` in order if it declines."""
+        chunks = self._read
+        if chunks:
+            self._read = []
+            if not self.eager.body(self, chunks):
+                for c in chunks:
+                    self._queue(c)
+
     def on_body(self, body: bytes) -> None:
         if self._head_only:
             return
-        if self.eager is not None and not self._chunks and self.eager.body(self, body):
+        eager = self.eager
+        if eager is not None and eager.on and not self._chunks:
+            self._read.append(body)  # handed over at the end of the read (end_read)
             return
+        self._queue(body)
+
+    def _queue(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > HIGH_WATER_BYTES and not self._paused:

@@ -40,6 +40,8 @@ log = logging.getLogger("kvdoctor.proxy")
 
 #: a client connection with no request in progress is closed after this (aiohttp's server: 75 s)
 KEEPALIVE_S = 75.0
+#: pending connections the listening socket holds (the kernel caps it at net.core.somaxconn)
+LISTEN_BACKLOG = 4096
 
 Handler = Callable[[Request, Reply], Awaitable[None]]
 
@@ -273,10 +275,15 @@ class ProxyServer:
         """A request is being answered (or waits its turn) on some connection."""
         return bool(self._tasks)
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen on ``host:port`` (0: any free port); return the bound port. OSError if taken."""
+    async def start(self, host: str = "127.0.0.1", port: int = 0, reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (0: any free port); return the bound port. OSError if taken.
+        ``reuse_port``: with ``SO_REUSEPORT``, so relay processes of the same user can listen on
+        the same address and the kernel spreads connections over them."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
+        # a backlog for a burst of streams connecting at once (asyncio's default, 100, drops the
+        # SYNs past it: each such client waits a second for its retry)
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True,
+                                                reuse_port=reuse_port, backlog=LISTEN_BACKLOG)
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._sweeper = loop.call_later(KEEPALIVE_S / 5, self._sweep)
         return self.port
