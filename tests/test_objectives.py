@@ -207,3 +207,33 @@ def test_objectives_are_judged_on_engine_histograms_without_request_records(tmp_
     assert bool(breaches) == broken, [(i.severity, i.top.rule.id) for i in diag.incidents]
     if broken:
         assert breaches[0].reading.total >= 100 and breaches[0].reading.share_over == pytest.approx(0.3, abs=0.02)
+
+
+def _llama_gauges_only(waiting: float):
+    """llama.cpp scraped every 2 s for 3 min, no request records and no latency histogram (as
+    from Prometheus): 2 slots busy, ``waiting`` requests deferred."""
+    from kvdoctor.capture.memory import from_records
+    from kvdoctor.model import CaptureMeta, EngineSample
+
+    out = [EngineSample(time_s=1.7e9 + i * 2.0, engine="llamacpp", server="a",
+                        values={"requests_running": 2.0, "requests_deferred": waiting,
+                                "requests_waiting": waiting}) for i in range(91)]
+    return from_records(CaptureMeta(engine="llamacpp"), engine=out)
+
+
+@pytest.mark.parametrize("waiting, harmful", [(6.0, True), (1.0, False)])
+def test_a_queue_longer_than_the_batch_is_harm_where_no_latency_is_measured(waiting, harmful):
+    """llama.cpp exports no latency histogram: from its gauges alone (a Prometheus range), six
+    requests deferred behind two busy slots wait three times their own service (Little's law,
+    the same arrival rate through queue and batch), so queueing pages; one deferred behind two
+    waits half its service, an observation (the real saturated llama-server on-call page read
+    'no objective broken' with six waiting)."""
+    from kvdoctor.diagnosis.rules import load_rules
+    from kvdoctor.fleet.diagnosis import engine_rules
+
+    cap = _llama_gauges_only(waiting)
+    diag = diagnose(cap, rules=engine_rules(load_rules()))
+    w = diag.prepared.window(diag.start_s, diag.end_s)
+    assert w.value("engine_wait_over_work") == pytest.approx(waiting / 2)
+    paged = {i.top.rule.id for i in pages(diag)}
+    assert ("queueing-saturation" in paged) == harmful, [(i.severity, i.top.rule.id) for i in diag.incidents]

@@ -402,3 +402,29 @@ def test_fp8_checkpoint_names_and_zero_reserve():
     assert parse_bytes("0", "--reserve") == 0.0
     r = run("--model", "Qwen3-8B", "--max-len", "4096", "--gpu-mem", "24GiB", "--reserve", "0")
     assert r.exit_code == 0 and "GPU of 24.00 GiB x TP 1" in r.output
+
+
+def test_the_engines_kv_dtype_from_its_own_bytes_and_tokens():
+    """vLLM's cache_dtype "auto" is the model's compute dtype: a float32 server holds half the
+    tokens in the same bytes. Its own KV bytes over the tokens it reports say which dtype it ran."""
+    spec = km.ModelSpec("smollm2-135m", num_layers=30, num_attention_heads=9, kv_heads=3, head_dim=64)
+    assert km.dtype_from_capacity(spec, 268435456, 11648, default=BF16).name == "bf16"  # samples/vllm-*: vLLM's own figures
+    assert km.dtype_from_capacity(spec, 268435456, 5760, default=BF16).name == "fp32"
+    assert km.dtype_from_capacity(spec, 268435456, 11648).bytes_per_value == 2
+    assert km.dtype_from_capacity(spec, 268435456, 9000) is None  # fits no dtype: the model's default stays
+    assert km.dtype_from_capacity(spec, 0, 11648) is None
+
+
+def test_plan_from_a_vllm_capture_sizes_with_the_kv_dtype_it_ran(tmp_path):
+    """samples/vllm-saturation (bf16): the plan's capacity is the one vLLM logged; the same bytes
+    holding half the tokens (a float32 server) plan in fp32, not the config's bfloat16."""
+    # SmolLM2-135M-Instruct's config.json, the fields the KV model reads
+    cfg = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "hidden_size": 576, "intermediate_size": 1536, "vocab_size": 49152,
+           "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    sample = Path(__file__).parents[1] / "samples" / "vllm-saturation"
+    conf = json.loads((sample / "meta.json").read_text())["config"]
+    r = run("--model", str(tmp_path / "config.json"), "--max-len", "2048", "--from-capture", str(sample), "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["max_kv_tokens"] == conf["kv_capacity_tokens"]

@@ -347,10 +347,11 @@ class TestMainServer:
         assert logged, main.log_tail()
         _, config, _ = parse_scrape(main.get("/metrics")[1], time.time())
         assert config["kv_capacity_tokens"] == logged
-        # kvdoctor's own arithmetic from the model's config.json and the KV bytes vLLM was given
+        # kvdoctor's own arithmetic from the model's config.json, the KV bytes vLLM was given and
+        # the dtype it computes in (KV "auto" is the model's dtype: float32 on an AVX2-only CPU)
         r = run_cli("plan", "--model", main.model, "--max-len", S.VLLM_MAIN["max_model_len"],
                     "--kv-mem", config["kv_cache_bytes"], "--block-size", config["kv_block_size_tokens"],
-                    "--format", "json")
+                    "--kv-dtype", {"float32": "fp32", "bfloat16": "bf16"}[main.dtype], "--format", "json")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["max_kv_tokens"] == logged
 

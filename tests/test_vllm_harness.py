@@ -81,3 +81,14 @@ def test_traceparent_trace_id():
     for bad in (None, "", "garbage", f"ff-{tid}-b7ad6b7169203331-01", f"00-{'0' * 32}-b7ad6b7169203331-01",
                 f"00-{tid.upper()}-b7ad6b7169203331-01", f"00-{tid}-b7ad6b71692033-01"):
         assert traceparent_trace_id(bad) is None, bad
+
+
+def test_vllm_dtype_follows_the_cpu():
+    """bfloat16 only where the CPU computes it natively: on an AVX2-only EPYC vLLM's bf16 linear
+    falls back to a slow torch path (a 1,200-token prompt took seconds more to prefill)."""
+    from kvdoctor.testing.vllm_server import cpu_dtype
+
+    assert cpu_dtype("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n") == "float32"
+    assert cpu_dtype("flags\t\t: fpu avx2 avx512f avx512_bf16\n") == "bfloat16"
+    assert cpu_dtype("flags\t\t: fpu avx2 amx_bf16 amx_tile\n") == "bfloat16"
+    assert cpu_dtype("") == "float32"

@@ -22,7 +22,7 @@ from .common import format_option, output_option, write_out
 @click.option("--tp", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Tensor-parallel size; must divide the model's KV heads (or be a multiple of them), as engines require.")
 @click.option("--kv-dtype", default=None, metavar="DTYPE",
-              help="fp32|fp16|bf16|fp8|int8|int4. Default: the model's dtype.")
+              help="fp32|fp16|bf16|fp8|int8|int4. Default: the one the --from-capture engine used (its KV bytes over the tokens they hold, vLLM), else the model's dtype.")
 @click.option("--mem-util", type=P.Share(0.01, 1.0), default=0.9, show_default=True,
               help="Share of GPU memory the engine may use (vLLM gpu_memory_utilization, "
                    "SGLang mem_fraction_static).")
@@ -70,8 +70,12 @@ def command(model, max_len, concurrency, gpu_mem, tp, kv_dtype, mem_util, weight
     _check_tp(spec, tp)
     if params:
         spec = dataclasses.replace(spec, params=parse_count(params, "--params"), weight_bytes=None)
-    dtype = km.kv_dtype(kv_dtype or ("fp16" if spec.weight_dtype == "fp16" else "bf16"))
     lengths = capture_lengths(capture) if capture else None
+    # the KV dtype the engine used, from its own bytes and tokens where the capture has them
+    dtype = km.kv_dtype(kv_dtype or ("fp16" if spec.weight_dtype == "fp16" else "bf16"))
+    if not kv_dtype and lengths:
+        dtype = km.dtype_from_capacity(spec, lengths.get("kv_cache_bytes", 0), lengths.get("kv_capacity_tokens", 0),
+                                       tp, default=dtype) or dtype
     if lengths and not kv_mem and not gpu_mem and lengths.get("kv_cache_bytes"):
         kv_mem = str(lengths["kv_cache_bytes"])  # what the engine gave its KV cache
     block_size = block_size or (lengths or {}).get("kv_block_size_tokens") or 16

@@ -110,6 +110,25 @@ def kv_bytes_per_token(spec: ModelSpec, dtype: KvDtype, tp: int = 1) -> float:
     return spec.num_layers * kv_bytes_per_token_per_layer(spec, dtype, tp)
 
 
+def dtype_from_capacity(spec: ModelSpec, kv_bytes: float, capacity_tokens: float, tp: int = 1,
+                        default: KvDtype | None = None) -> KvDtype | None:
+    """The KV dtype whose bytes per token fit an engine's own figures (vLLM cache_config_info:
+    KV memory and the tokens it holds): ``default`` where it fits (fp16 and bf16 weigh the same),
+    None when no dtype is within 10% of them. vLLM's ``cache_dtype: auto`` is the model's compute
+    dtype, which flags change (float32 on a CPU without native bf16): the ratio says which ran."""
+    if not (kv_bytes > 0 and capacity_tokens > 0):
+        return None
+    per_token = kv_bytes / capacity_tokens
+
+    def misfit(d: KvDtype) -> float:
+        # capacity counts whole blocks: a partial last block makes the measured ratio a little high
+        return abs(kv_bytes_per_token(spec, d, tp) / per_token - 1)
+
+    candidates = ([default] if default else []) + list(KV_DTYPES.values())
+    best = min(candidates, key=misfit)  # min keeps the first of equals: the default
+    return best if misfit(best) < 0.1 else None
+
+
 def round_up(n: float, block: int) -> int:
     return int(math.ceil(n / block) * block) if block > 1 else int(math.ceil(n))
 

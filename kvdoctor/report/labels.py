@@ -27,6 +27,7 @@ LABELS: dict[str, str] = {
     "latency_over_objective": "worst latency over objective",
     "ttft_harm": "first tokens hurt users", "tpot_harm": "decoding hurts users", "latency_harm": "latency hurts users",
     "ttft_wait_p90_s": "wait beyond own prefill P90", "ttft_unloaded_p90_s": "unloaded TTFT P90",
+    "engine_wait_over_work": "engine queue over running batch",
     "ttft_slow_wait_share": "slow requests' time waiting", "ttft_slow_prefill_frac": "slow requests with prefill over target",
     # load and baseline
     "requests": "requests", "request_rate_per_s": "arrival rate", "output_tokens_per_s": "output",

@@ -309,7 +309,32 @@ def ttft_harm(w):
     wait, unloaded = w.value("ttft_wait_p90_s"), w.value("ttft_unloaded_p90_s")
     if np.isfinite(wait) and np.isfinite(unloaded):
         return float(wait >= NOTICEABLE_S and wait >= WAIT_OVER_WORK * unloaded)
-    return 0.0 if np.isfinite(over) else np.nan
+    if any(r.total for r in readings(w) if _kind(r.signal) in KINDS["ttft"]):
+        return 0.0
+    # no latency measured at all (llama.cpp's gauges alone, from Prometheus): the engine's queue
+    # over its running batch says how long a request waits against its own service time
+    queued = w.value("engine_wait_over_work")
+    return float(queued >= WAIT_OVER_WORK) if np.isfinite(queued) else np.nan
+
+
+@signal("engine_wait_over_work", "ratio")
+def engine_wait_over_work(w):
+    """Median over the window's scrapes of the engine's waiting queue over its running batch:
+    by Little's law (L = rate x time, the same arrival rate through both) the mean time a request
+    waits over the mean time it is served. At 1 a request waits as long as its own work (the knee
+    of the queueing curve, as ttft_harm's WAIT_OVER_WORK); read only where no latency is measured."""
+    _, running = w.engine("requests_running")
+    _, waiting = w.engine("requests_waiting")
+    if not np.isfinite(waiting).any():
+        _, waiting = w.engine("requests_deferred")
+    n = min(len(running), len(waiting))
+    if n < 3:
+        return np.nan
+    running, waiting = running[:n], waiting[:n]
+    m = np.isfinite(running) & np.isfinite(waiting) & (running > 0)
+    if m.sum() < 3:
+        return np.nan
+    return float(np.median(waiting[m] / running[m]))
 
 
 @signal("tpot_harm", "bool")
