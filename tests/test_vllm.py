@@ -129,6 +129,8 @@ def client_turn_growth(timings, what: str, leave_out=frozenset()) -> tuple[float
     for _, turn, v in rows:
         by_turn.setdefault(turn, []).append(v)
     turns = sorted(by_turn)
+    if len(turns) < 4:  # the diagnosis left out most requests (a contended host): no trend to read
+        return float("nan"), float("nan")
     med = np.array([np.median(by_turn[k]) for k in turns])
     slope, _, _ = fit(np.array(turns, dtype=float), med, min_n=4)
     session = np.unique([r[0] for r in rows], return_inverse=True)[1]
@@ -156,6 +158,8 @@ def expect_turn_growth(diag, timings) -> None:
     seen = (f"client: decode {dec:+.1%}/turn (trend z {dec_z:.1f}), TTFT {ttft:+.1%}/turn (z {ttft_z:.1f}); "
             f"left out: {int(held.sum())} requests run on a contended host, {int(unread.sum())} streams read in bursts")
     fired = "kv-growth-per-turn" in {c.rule.id for inc in diag.incidents for c in inc.causes}
+    if not fired and not (np.isfinite(dec) or np.isfinite(ttft)):
+        pytest.skip(f"too few turns left to read the client's trend ({seen}): the host was busy")
     z_min = params["min_trend_z"]
     flat = ((dec < 0.5 * params["min_tpot_growth"] or dec_z < 0.5 * z_min)
             and (ttft < 0.5 * params["min_ttft_growth"] or ttft_z < 0.5 * z_min))
@@ -606,8 +610,11 @@ class TestTinyKvCache:
         diag = check_named(out, timings, "context-overflow")
         refused = [t for t in timings if t.status != "ok"]
         assert refused and all(t.http_status == 400 for t in refused), {t.error for t in refused}
-        ev = evidence(cause(diag, "kv-oom"))
+        # a context refusal is the request's length, not KV memory (issue 31): error-burst counts
+        # them, and kv-oom (memory only) does not claim them
+        ev = evidence(cause(diag, "error-burst"))
         assert ev["context_errors"] == len(refused), ev
+        assert "kv-oom" not in causes_fired(diag)
 
 
 def test_harness_doc_get_vllm_block_runs_as_written():

