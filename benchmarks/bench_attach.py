@@ -23,9 +23,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvdoctor.testing import loadgen  # noqa: E402
-from kvdoctor.testing.llama_server import LlamaServer, free_port  # noqa: E402
-from kvdoctor.testing.scenarios import _wait_port  # noqa: E402
+from harness import loadgen  # noqa: E402
+from harness.llama_server import LlamaServer, free_port  # noqa: E402
+from harness.scenarios import _wait_port  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Fleet-mode cost: N vLLM instances × H hours in a real Prometheus TSDB, one diagnosis over it.
 
-The history (kvdoctor/testing/fleetdata.py): 6 key vLLM metrics with realistic values and a few
+The history (harness/fleetdata.py): 6 key vLLM metrics with realistic values and a few
 sick instances that queue; with --dcgm, also one DCGM exporter target per instance on the same
 address, port 9400, job "dcgm" (framebuffer used/free and DRAM activity of its GPU). It is
 loaded with ``promtool tsdb create-blocks-from openmetrics`` into a real Prometheus, and
@@ -16,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from kvdoctor.testing.fleetdata import PrometheusOnBlocks, instance_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root: the harness package
+
+from harness.fleetdata import PrometheusOnBlocks, instance_name  # noqa: E402
 
 
 def main() -> int:

@@ -67,8 +67,8 @@ TOPICS = ["rivers", "bread", "clocks", "bicycles", "owls", "trains", "tea", "bri
           "honey", "comets", "maps", "violins", "glaciers", "lanterns", "libraries", "volcanoes"]
 
 
-from kvdoctor.testing.llama_server import free_port  # noqa: E402
-from kvdoctor.testing.nginx import write_conf  # noqa: E402
+from harness.llama_server import free_port  # noqa: E402
+from harness.nginx import write_conf  # noqa: E402
 from kvdoctor.numeric import percentile_sorted  # noqa: E402
 
 
@@ -559,7 +559,7 @@ def main() -> int:
         targets_fake: dict[str, str] = {}
         pairs: list[tuple[int, int]] = []
         if set(args.parts) & set("AC"):
-            from kvdoctor.testing.llama_server import LlamaServer
+            from harness.llama_server import LlamaServer
 
             llama = LlamaServer(n_ctx=512 * args.parallel, parallel=args.parallel, threads=args.threads)
             llama.start()

@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.memory_transport import MemoryTransport  # noqa: E402
 from kvdoctor.collect.proxy import eager, make_proxy  # noqa: E402
 from kvdoctor.collect.proxy.http import ClientConnection, UpstreamConnection  # noqa: E402
-from kvdoctor.testing.memory_transport import MemoryTransport  # noqa: E402
 
 BODY = (b'{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":'
         b'"Name three colours, then say why the sky is blue."}]}')

@@ -70,8 +70,8 @@ import httptools  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
-from kvdoctor.testing.nginx import write_conf  # noqa: E402
-from kvdoctor.testing.server_base import free_port  # noqa: E402
+from harness.nginx import write_conf  # noqa: E402
+from harness.server_base import free_port  # noqa: E402
 
 METRICS_PAGE = ROOT / "tests" / "data" / "metrics" / "vllm-0.32-cpu-under-load.prom"
 

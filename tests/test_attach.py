@@ -17,10 +17,10 @@ import pytest
 from aiohttp import web
 
 import kvdoctor
+from harness import loadgen
+from harness.llama_server import LlamaServer, free_port
+from harness.scenarios import _wait_port
 from kvdoctor.engines import effective_config
-from kvdoctor.testing import loadgen
-from kvdoctor.testing.llama_server import LlamaServer, free_port
-from kvdoctor.testing.scenarios import _wait_port
 
 pytestmark = pytest.mark.server
 

@@ -10,9 +10,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from harness.llama_server import free_port
 from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.scrape import DOWN_AFTER_TIMEOUTS, ScrapeCollector
-from kvdoctor.testing.llama_server import free_port
 
 from conftest import assert_process_ends, assert_runs_below_us
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kvdoctor
+from harness.simulate import ServerModel, Workload, simulate
 from kvdoctor.capture import CaptureWriter
 from kvdoctor.compare import compare, parse_side
 from kvdoctor.compare import bootstrap as B
@@ -22,7 +23,6 @@ from kvdoctor.compare.render import markdown, text, to_json
 from kvdoctor.errors import InputError
 from kvdoctor.model import CaptureMeta
 from kvdoctor.report.compare_html import render_compare_html
-from kvdoctor.testing.simulate import ServerModel, Workload, simulate
 
 from conftest import CASES, ROOT
 
@@ -32,10 +32,10 @@ HEADLINE_NAMES = [h[0] for h in HEADLINE]
 
 
 def sample(name: str, min_requests: int = 20) -> Path:
-    """A real-server sample, or skip (they are recorded by kvdoctor.testing.scenarios)."""
+    """A real-server sample, or skip (they are recorded by harness.scenarios)."""
     path = SAMPLES / name
     if not (path / "meta.json").exists():
-        pytest.skip(f"samples/{name} is absent (record it with `python -m kvdoctor.testing.scenarios {name}`)")
+        pytest.skip(f"samples/{name} is absent (record it with `python -m harness.scenarios {name}`)")
     n = len(kvdoctor.load(path).requests)
     if n < min_requests:
         pytest.skip(f"samples/{name} has {n} requests (< {min_requests}); it is incomplete or being re-recorded")

@@ -1,7 +1,8 @@
 """The docs stay true: every shell and Python block in README.md and docs/*.md runs here against
 the shipped samples, and the output a block shows must still come out.
 
-A block runs in a scratch folder holding links to samples/, rules/ and docs/, a copy of one
+A block runs in a scratch folder holding links to samples/, rules/, docs/ and harness/ (the test
+harness, a dev package run from the checkout root: ``python -m harness.loadgen``), a copy of one
 sample as ``cap/`` (the name the docs use for "your capture") and a Hugging Face ``config.json``;
 what a block writes (``-o report.html``, ``-o alerts/``) lands there. ``kvdoctor`` and ``python``
 are this venv's, first on PATH. A block that cannot run here (a live server, a GPU, the network, a long install)
@@ -180,7 +181,7 @@ def missing_lines(shown: list[str], output: str) -> list[str]:
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("docs")
-    for name in ("samples", "rules", "docs"):
+    for name in ("samples", "rules", "docs", "harness"):
         (d / name).symlink_to(ROOT / name)
     shutil.copytree(ROOT / "samples" / CAP_SAMPLE, d / "cap")
     shutil.copy(ROOT / "tests" / "data" / "hf_configs" / "gpt-oss-20b.json", d / "config.json")
@@ -249,7 +250,7 @@ def run_steps(block: Block, steps: list[tuple[str, list[str]]], scratch: Path) -
 
 @pytest.fixture(scope="module")
 def llama_url():
-    from kvdoctor.testing.llama_server import LlamaServer
+    from harness.llama_server import LlamaServer
 
     with LlamaServer(n_ctx=2048, parallel=2) as srv:
         yield srv.url

@@ -82,9 +82,9 @@ def test_context_overflow_gets_the_context_fix(sample):
 @pytest.mark.server
 def test_real_gateway_rate_limit_is_not_blamed_on_the_server(tmp_path):
     """A real nginx with a request-rate limit (429) in front of a real llama-server, kvdoctor
-    attached in front of the gateway (kvdoctor/testing/gateway.py, which also records
+    attached in front of the gateway (harness/gateway.py, which also records
     samples/gateway-rate-limit): the 429s are rate limits with a quota fix, never out-of-KV."""
-    from kvdoctor.testing.gateway import record
+    from harness.gateway import record
 
     cap = tmp_path / "cap"
     timings = record(cap)

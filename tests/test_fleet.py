@@ -297,9 +297,9 @@ def fleet_stack():
     targets as three jobs, the way a fleet runs them."""
     if _prometheus_binary() is None:
         pytest.skip("/usr/bin/prometheus absent (apt-get install -y prometheus failed)")
-    from kvdoctor.testing.dcgm_standin import DcgmStandIn
-    from kvdoctor.testing.llama_server import LlamaServer, free_port
-    from kvdoctor.testing.loadgen import long_prompts, run_load, short_prompts
+    from harness.dcgm_standin import DcgmStandIn
+    from harness.llama_server import LlamaServer, free_port
+    from harness.loadgen import long_prompts, run_load, short_prompts
 
     tmp = Path(tempfile.mkdtemp(prefix="kvd-fleet-"))
     with LlamaServer(parallel=2, threads=1, n_ctx=2048, host="127.0.0.2") as hot, \
@@ -539,8 +539,8 @@ def test_tls_and_basic_auth_against_real_prometheus(tmp_path):
     if _prometheus_binary() is None:
         pytest.skip("/usr/bin/prometheus absent (apt-get install -y prometheus failed)")
     bcrypt = pytest.importorskip("bcrypt")
+    from harness.llama_server import free_port
     from kvdoctor.prometheus import PromClient, PromError
-    from kvdoctor.testing.llama_server import free_port
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
@@ -593,7 +593,7 @@ def test_every_engines_recorded_page_through_a_real_prometheus(tmp_path):
     import functools
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
-    from kvdoctor.testing.llama_server import free_port
+    from harness.llama_server import free_port
 
     if _prometheus_binary() is None:
         pytest.skip("/usr/bin/prometheus absent (scripts/install-services installs it)")
@@ -630,7 +630,7 @@ def test_a_failed_query_is_named_and_the_rest_goes_on(run_cli):
     """A real Prometheus with a low --query.max-samples refuses the big histogram-bucket query
     (6 instances x 9 buckets x 121 steps) but answers the gauges: the warning names the query and
     Prometheus' reason, and the diagnosis still names the sick replica from what came back."""
-    from kvdoctor.testing.fleetdata import PrometheusOnBlocks, instance_name
+    from harness.fleetdata import PrometheusOnBlocks, instance_name
 
     if _prometheus_binary() is None:
         pytest.skip("/usr/bin/prometheus absent (scripts/install-services installs it)")
@@ -653,8 +653,8 @@ def test_bearer_token_against_a_gated_prometheus(tmp_path, run_cli):
     take a bearer token. Here a real nginx in front of a real Prometheus refuses any request
     without `Authorization: Bearer <token>`; the token comes from --bearer-token or
     $KVDOCTOR_PROM_TOKEN and is never printed."""
-    from kvdoctor.testing.llama_server import free_port
-    from kvdoctor.testing.nginx import write_conf
+    from harness.llama_server import free_port
+    from harness.nginx import write_conf
 
     if _prometheus_binary() is None:
         pytest.skip("/usr/bin/prometheus absent (apt-get install -y prometheus failed)")

@@ -234,8 +234,8 @@ def _proxy_server_frames(stream: bytes, cuts: list[int]) -> tuple[list[tuple], b
     """(messages, refused): what the proxy's server hands its handler for ``stream`` arriving in
     reads cut at ``cuts``, then EOF; refused: it closed the connection first (after an error of its
     own, 400, 431 or 501, or cutting a body it could not read; or as the request asked)."""
+    from harness.memory_transport import MemoryTransport
     from kvdoctor.collect.proxy.http import ClientConnection, ProxyServer
-    from kvdoctor.testing.memory_transport import MemoryTransport
 
     got: list[tuple] = []
 
@@ -351,8 +351,8 @@ def _proxy_client_frames(response: bytes, method: bytes, cuts: list[int]) -> tup
     import asyncio
     import time
 
+    from harness.memory_transport import MemoryTransport
     from kvdoctor.collect.proxy.http import UpstreamClient, UpstreamConnection, UpstreamError
-    from kvdoctor.testing.memory_transport import MemoryTransport
 
     async def main():
         client = UpstreamClient("http://127.0.0.1:9")

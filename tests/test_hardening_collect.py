@@ -18,10 +18,10 @@ from contextlib import contextmanager
 import pytest
 
 import kvdoctor
+from harness.llama_server import free_port
 from kvdoctor.sidecar.agent import Agent, AttachConfig
 from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.scrape import MAX_BODY_BYTES, ScrapeCollector
-from kvdoctor.testing.llama_server import free_port
 
 from conftest import assert_process_ends, assert_runs_below_us
 
@@ -315,7 +315,7 @@ def test_signals_at_random_points_leave_a_readable_capture(tmp_path, sig):
     SIGTERM exits 0 within seconds; either way the capture loads with at most torn last lines."""
     import random
 
-    from kvdoctor.testing.loadgen import run_load, short_prompts
+    from harness.loadgen import run_load, short_prompts
 
     rng = random.Random(14)
     sse = (b'data: {"choices":[{"delta":{"content":"hi "}}]}\n\n' * 5) + b"data: [DONE]\n\n"

@@ -16,13 +16,13 @@ import pytest
 from click.testing import CliRunner
 
 import kvdoctor
+from harness.llama_server import free_port
 from kvdoctor.capture import CaptureWriter
 from kvdoctor.cli import cli
 from kvdoctor.sidecar.agent import host_port
 from kvdoctor.diagnosis.rules import MAX_RULE_BYTES, load_rule
 from kvdoctor.errors import InputError, RuleError
 from kvdoctor.model import EngineSample, RequestRecord
-from kvdoctor.testing.llama_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def scenario_run(tmp_path_factory):
-    from kvdoctor.testing import scenarios
+    from harness import scenarios
 
     results = {}
 
@@ -33,7 +33,7 @@ def test_healthy_mixed_prompts_pages_nobody(scenario_run):
 
 
 def test_ramp_onset_is_where_the_queue_formed(scenario_run):
-    from kvdoctor.testing.scenarios import SCENARIOS
+    from harness.scenarios import SCENARIOS
 
     out, timings, agent = scenario_run("ramp")
     n_first = len(SCENARIOS["ramp"].phases[0].requests())

@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from kvdoctor.testing import llama_build as ls
+from harness import llama_build as ls
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")
@@ -32,7 +32,7 @@ def test_doc_cmake_block_is_the_build(monkeypatch):
 
     monkeypatch.setattr(ls.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(ls, "_cpu_flags", lambda: {"avx", "avx2", "fma", "f16c", "bmi2"})
-    (block,) = doc_blocks_for("docs/test-harness.md", "kvdoctor/testing/llama_build.py")
+    (block,) = doc_blocks_for("docs/test-harness.md", "harness/llama_build.py")
     written = [shlex.split(cmd, comments=True) for cmd in block.replace("\\\n", " ").strip().split("\n")]
     configure, make = ls.cmake_commands("cmake", "llama.cpp", "build", "$(nproc)", ninja=True,
                                         args=ls._BASE_CMAKE_ARGS + ls.build_flavour()[1])

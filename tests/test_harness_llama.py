@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from kvdoctor.testing.llama_server import LlamaServer
-from kvdoctor.testing.loadgen import run_load, short_prompts, summarize
+from harness.llama_server import LlamaServer
+from harness.loadgen import run_load, short_prompts, summarize
 
 pytestmark = pytest.mark.server
 

@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 import kvdoctor
+from harness.llama_server import free_port
 from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.identify import ENGINES, RETRY_S, IdentifyCollector, identify
 from kvdoctor.engines import effective_config
 from kvdoctor.sidecar.agent import Agent, AttachConfig
-from kvdoctor.testing.llama_server import free_port
 
 DATA = Path(__file__).parent / "data" / "identify"
 

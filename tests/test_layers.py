@@ -1,6 +1,7 @@
 """The shape of the tree (docs/architecture.md, "Rules of the tree"): imports run downward, httptools
-only in the proxy's HTTP core (both import-linter contracts in pyproject.toml, run here as CI runs
-them), and no package reaches into another's private names."""
+only in the proxy's HTTP core, the product never imports the test harness (harness/, not shipped)
+(the import-linter contracts in pyproject.toml, run here as CI runs them), and no package reaches
+into another's private names."""
 from __future__ import annotations
 
 import ast
@@ -24,7 +25,8 @@ def _lint_imports() -> list[str]:
 
 def test_import_contracts_are_kept():
     """Every contract in pyproject.toml's [tool.importlinter]: the layers from the front ends down to
-    the records (exhaustive: a new package must be placed), httptools only under collect/proxy/http."""
+    the records (exhaustive: a new package must be placed), httptools only under collect/proxy/http,
+    no import of the harness."""
     got = subprocess.run(_lint_imports() + ["--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stdout[-6000:] + got.stderr[-2000:]
     assert "0 broken" in got.stdout
@@ -42,6 +44,20 @@ def test_the_layers_contract_catches_an_upward_import(tmp_path):
                          text=True, timeout=300, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
     assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-2000:]
     assert "kvdoctor.signals.host -> kvdoctor.report.html" in got.stdout
+
+
+def test_the_product_may_not_import_the_harness(tmp_path):
+    """The harness is a dev package beside kvdoctor/, not in the wheel: the same tree with one module
+    importing it breaks the no-harness contract, and the message names that import."""
+    tree = tmp_path / "tree"
+    shutil.copytree(PACKAGE, tree / "kvdoctor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "pyproject.toml", tree / "pyproject.toml")
+    with open(tree / "kvdoctor" / "units.py", "a") as f:
+        f.write("\nfrom harness import loadgen  # the harness, from the product, on purpose\n")
+    got = subprocess.run(_lint_imports() + ["--no-cache", "--contract", "no-harness"], cwd=tree, capture_output=True,
+                         text=True, timeout=300, check=False, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-2000:]
+    assert "kvdoctor.units -> harness" in got.stdout
 
 
 def _module(path: Path) -> tuple[str, bool]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.testing.llama_server import free_port
+from harness.llama_server import free_port
 from conftest import poll
 
 AM = Path("/usr/bin/prometheus-alertmanager")
@@ -208,8 +208,8 @@ def test_saturated_llama_server_pages_with_a_diagnosed_summary_then_resolves(run
     load stops the alert resolves and the RESOLVED message follows."""
     if not (PROM.exists() and AM.exists()):
         pytest.skip("prometheus / prometheus-alertmanager absent (scripts/install-services installs them)")
-    from kvdoctor.testing.llama_server import LlamaServer
-    from kvdoctor.testing.loadgen import long_prompts, run_load
+    from harness.llama_server import LlamaServer
+    from harness.loadgen import long_prompts, run_load
 
     t_begin = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="kvd-oncall-"))
@@ -323,14 +323,14 @@ def _port_free(port: int) -> bool:
 @pytest.mark.parametrize("doc", ["README.md", "docs/oncall.md"])
 def test_doc_oncall_block_runs_as_written(doc, tmp_path):
     """README.md's and docs/oncall.md's `kvdoctor oncall` commands, as a user runs them, beside a
-    real Prometheus holding a synthetic vLLM fleet's last hours (kvdoctor.testing.fleetdata): the
+    real Prometheus holding a synthetic vLLM fleet's last hours (harness.fleetdata): the
     Prometheus address and the Slack webhook are substituted (a local sink plays Slack), the rest,
     --listen, --token "$ONCALL_TOKEN" and --public-url included, is as written. An
     Alertmanager-style alert for the sick replica must come out at the sink as a diagnosed page."""
     import os
     import shlex
 
-    from kvdoctor.testing.fleetdata import PrometheusOnBlocks, instance_name
+    from harness.fleetdata import PrometheusOnBlocks, instance_name
 
     if not PROM.exists():
         pytest.skip("/usr/bin/prometheus absent (scripts/install-services installs it)")

@@ -1,5 +1,5 @@
-"""A non-editable install must carry the rules, and not the test harness: build the wheel, list it,
-install it apart, load rules."""
+"""A non-editable install must carry the rules, and only the product (not the test harness,
+harness/): build the wheel, list it, install it apart, load rules."""
 import os
 import subprocess
 import sys
@@ -17,8 +17,12 @@ def test_wheel_ships_rules_and_schema(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvdoctor/_rules/prefill-bound.yaml" in names
     assert "kvdoctor/schema/rule.schema.json" in names
-    # the test harness (server builders, scenarios, load generator) runs from a checkout only
-    assert not [n for n in names if n.startswith("kvdoctor/testing/")], [n for n in names if "testing" in n]
+    # the product only: the test harness (harness/: server builders, scenarios, load generator) is a
+    # dev package that runs from a checkout; nothing else lands at the top of site-packages
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"kvdoctor"}, \
+        sorted({n.split("/")[0] for n in names})
+    dev = [n for n in names if "harness" in n or "testing" in n]
+    assert not dev, dev
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)
@@ -81,24 +85,31 @@ def _dist_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
 
 
-def third_party_imports() -> dict[str, set[str]]:
-    """Every module outside the standard library and kvdoctor that the shipped package imports (the
-    test harness, kvdoctor/testing, is not shipped): module -> the files that import it."""
+#: harness files that never run in the project's environment: the vLLM venv runs this one (torch,
+#: transformers, safetensors come with vLLM there)
+_RUN_ELSEWHERE = {"harness/gguf_to_safetensors.py"}
+
+
+def third_party_imports(package_name: str = "kvdoctor") -> dict[str, set[str]]:
+    """Every module outside the standard library, kvdoctor and the package itself that a package of
+    the checkout imports: module -> the files that import it. ``kvdoctor`` is the shipped product;
+    ``harness`` is the dev-only test harness (not in the wheel)."""
     import ast
     from pathlib import Path
 
-    package = Path(__file__).resolve().parents[1] / "kvdoctor"
+    package = Path(__file__).resolve().parents[1] / package_name
     out: dict[str, set[str]] = {}
     for path in package.rglob("*.py"):
-        if "testing" in path.relative_to(package).parts[:1]:
+        where = str(path.relative_to(package.parent))
+        if where in _RUN_ELSEWHERE:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
             for name in names:
                 top = name.split(".")[0]
-                if top != "kvdoctor" and top not in sys.stdlib_module_names:
-                    out.setdefault(name, set()).add(str(path.relative_to(package.parent)))
+                if top not in ("kvdoctor", package_name) and top not in sys.stdlib_module_names:
+                    out.setdefault(name, set()).add(where)
     return out
 
 
@@ -123,12 +134,37 @@ def test_every_third_party_import_is_a_declared_dependency_or_extra():
     declared = required | set().union(*extras.values())
     imports = third_party_imports()
     assert {"numpy", "httptools", "yarl", "grpc", "uvloop"} <= {m.split(".")[0] for m in imports}  # the scan sees them
+    # the product never imports the test harness: the wheel does not carry it
+    harness = {m: sorted(files) for m, files in imports.items() if m.split(".")[0] == "harness"}
+    assert not harness, f"the product imports the harness: {harness}"
     missing = {m: sorted(files) for m in imports if not (_providers(m) & declared)
                for files in [imports[m]]}
     assert not missing, f"imported but not declared in pyproject.toml (a dependency or an extra): {missing}"
     # each extra's modules are imported only where its option runs, never at the top of a module
     # every command imports: the product works without them (test below)
     assert extras["grpc"] == {"grpcio"} and extras["uvloop"] == {"uvloop"}
+
+
+def test_every_third_party_import_of_the_harness_is_a_test_dependency():
+    """The harness (harness/, the dev-only package the tests, benchmarks and scripts import) needs
+    only what `pip install -e '.[test]'` brings: the test extra, with the product's dependencies and
+    the extras it names. A module only the harness needs goes into the test extra, not the product's
+    dependencies."""
+    import re
+
+    project = _pyproject()["project"]
+    extras = project["optional-dependencies"]
+    declared = {_dist_name(r) for r in extras["test"]}
+    for r in extras["test"]:  # kvdoctor[grpc,uvloop]: the product and those extras
+        m = re.match(r"kvdoctor\[([\w,\s-]+)\]", r)
+        if m:
+            declared |= {_dist_name(d) for d in project["dependencies"]}
+            declared |= {_dist_name(d) for name in m[1].split(",") for d in extras[name.strip()]}
+    imports = third_party_imports("harness")
+    assert {"aiohttp", "numpy"} <= {m.split(".")[0] for m in imports}  # the scan sees them
+    missing = {m: sorted(files) for m in imports if not (_providers(m) & declared)
+               for files in [imports[m]]}
+    assert not missing, f"the harness imports these, not declared in pyproject.toml's test extra: {missing}"
 
 
 #: the extras, blocked: what `pip install kvdoctor` without them leaves

@@ -670,7 +670,7 @@ def test_many_concurrent_streams_intact():
 
 @pytest.fixture(scope="module")
 def llama():
-    from kvdoctor.testing.llama_server import LlamaServer
+    from harness.llama_server import LlamaServer
 
     with LlamaServer(n_ctx=1024, parallel=2, threads=2) as srv:
         yield srv
@@ -715,7 +715,7 @@ def test_real_non_streaming_identical_to_direct(llama):
 
 @pytest.mark.server
 def test_real_streaming_intact_and_timings_agree_with_client(llama):
-    from kvdoctor.testing.loadgen import ChatRequest, run_load
+    from harness.loadgen import ChatRequest, run_load
 
     # raw bytes: capture the streaming body through the proxy and check every SSE event
     req = {"messages": [{"role": "user", "content": "Count from one to twenty in words."}], "max_tokens": 40,

@@ -9,11 +9,11 @@ from typing import Any
 
 import httptools
 
+from harness.memory_transport import MemoryTransport as Transport
 from kvdoctor.collect.base import ListSink
 from kvdoctor.collect.proxy import make_proxy
 from kvdoctor.collect.proxy.http import ClientConnection as ClientConn
 from kvdoctor.collect.proxy.http import UpstreamConnection
-from kvdoctor.testing.memory_transport import MemoryTransport as Transport
 
 BODY = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\n"

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 import kvdoctor
+from harness.llama_server import free_port
 from kvdoctor.sidecar.agent import Agent, AttachConfig
-from kvdoctor.testing.llama_server import free_port
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "SO_REUSEPORT"), reason="no SO_REUSEPORT (Linux, BSD)")
 

@@ -46,7 +46,7 @@ SAME_ROOT = {"prefill-bound": {"long-prompt-hol-blocking"}}
 
 @pytest.fixture(scope="module")
 def scenario_run(tmp_path_factory):
-    from kvdoctor.testing import scenarios
+    from harness import scenarios
 
     results = {}
 
@@ -68,7 +68,7 @@ def _client(timings, attr):
                                   "prefix-cache-off", "prefix-cache-on", "one-conversation-at-a-time",
                                   "mixed-prompts-2-slots"])
 def test_scenario_names_its_cause(scenario_run, name):
-    from kvdoctor.testing.scenarios import SCENARIOS
+    from harness.scenarios import SCENARIOS
 
     out, timings = scenario_run(name)
     expect = SCENARIOS[name].expect
@@ -162,8 +162,8 @@ def test_context_overflow_errors_match_client(scenario_run):
 def test_kv_quant_rule_agrees_with_the_quality_check(tmp_path):
     """q4_0 K/V against an f16 baseline, greedy: the rule fires exactly when `kvdoctor quality`
     finds long-context degradation, and its evidence is the baseline comparison."""
+    from harness.scenarios import run_quality
     from kvdoctor.quality import by_context, verdict
-    from kvdoctor.testing.scenarios import run_quality
 
     out = tmp_path / "kv-quant"
     results = run_quality("kv-quant", out)

@@ -1,6 +1,6 @@
 """Request tiering on two real llama-servers (issue 17): the same mixed-length load through a real
 nginx, spread round-robin (samples/tiering-round-robin) and routed by length
-(samples/tiering-by-length), kvdoctor's proxy in front of nginx (kvdoctor/testing/tiering.py).
+(samples/tiering-by-length), kvdoctor's proxy in front of nginx (harness/tiering.py).
 
 `kvdoctor advise` on the round-robin capture predicts what routing by length buys the short
 requests; the routed capture measures it. The ground truth is the client's own timings in each
@@ -98,7 +98,7 @@ def test_compare_shows_the_trade_off_routing_made():
 def test_routing_by_length_on_two_real_servers(tmp_path):
     """Records both runs afresh (two llama-servers behind nginx, ~5 min on 2 cores) and checks
     the direction: the short requests no longer wait behind long prefills."""
-    from kvdoctor.testing import tiering
+    from harness import tiering
 
     spread, routed = tmp_path / "spread", tmp_path / "routed"
     for route, out in (("round-robin", spread), ("by-length", routed)):

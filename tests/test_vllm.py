@@ -27,16 +27,16 @@ import pytest
 
 import kvdoctor
 from conftest import cause_tops, causes_fired, pages
+from harness import loadgen
+from harness import scenarios as S
+from harness.llama_server import free_port
+from harness.vllm_server import SERVED_NAMES, VLLM_VERSION, VllmServer
 from kvdoctor.diagnosis import diagnose, load_rules
 from kvdoctor.engines import effective_config, parse_scrape
 from kvdoctor.engines.promtext import _key, parse_families
 from kvdoctor.engines.vllm import IGNORED, TABLE
 from kvdoctor.signals.host import contended
 from kvdoctor.signals.registry import fit, trend_z
-from kvdoctor.testing import loadgen
-from kvdoctor.testing import scenarios as S
-from kvdoctor.testing.llama_server import free_port
-from kvdoctor.testing.vllm_server import SERVED_NAMES, VLLM_VERSION, VllmServer
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from kvdoctor.testing import scenarios as S
-from kvdoctor.testing.vllm_server import KV_TOKENS_RE, VllmServer
+from harness import scenarios as S
+from harness.vllm_server import KV_TOKENS_RE, VllmServer
 
 
 def server(tmp_path, **kw):

@@ -3,7 +3,7 @@
     python tests/rulecases/make_cases.py            # rewrites the cases in this folder
     python tests/rulecases/make_cases.py OUT_DIR    # writes them under OUT_DIR instead
 
-Each case is a small capture from kvdoctor.testing.simulate: a server mechanism (slots,
+Each case is a small capture from harness.simulate: a server mechanism (slots,
 serialised prefill, bandwidth-shared decode, prefix cache) driven by a workload. They are the
 rules' unit cases; the real-server captures in samples/ are the end-to-end proof.
 
@@ -23,9 +23,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.simulate import ServerModel, Workload, simulate  # noqa: E402
 from kvdoctor.capture import CaptureWriter  # noqa: E402
 from kvdoctor.model import CaptureMeta, EngineSample, GpuSample, HostSample, RequestRecord  # noqa: E402
-from kvdoctor.testing.simulate import ServerModel, Workload, simulate  # noqa: E402
 
 HERE = Path(sys.argv[1]).resolve() if __name__ == "__main__" and len(sys.argv) > 1 else Path(__file__).resolve().parent
 T0 = 1_767_000_000.0

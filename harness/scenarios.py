@@ -2,10 +2,10 @@
 real streaming load through the proxy. Each writes a capture plus the client's own timings
 (``client-timings.jsonl``, the ground truth) and names the rule it should make the top cause.
 
-    python -m kvdoctor.testing.scenarios multi-turn -o samples/multi-turn
-    python -m kvdoctor.testing.scenarios multi-turn -o samples/vllm-multi-turn --engine vllm
+    python -m harness.scenarios multi-turn -o samples/multi-turn
+    python -m harness.scenarios multi-turn -o samples/vllm-multi-turn --engine vllm
 
-On vLLM (``--engine vllm``, :mod:`kvdoctor.testing.vllm_server`) a scenario's llama.cpp context
+On vLLM (``--engine vllm``, :mod:`harness.vllm_server`) a scenario's llama.cpp context
 ``n_ctx`` shared by ``parallel`` slots becomes ``--max-model-len n_ctx/parallel --max-num-seqs parallel``;
 ``Scenario.vllm`` overrides or adds VllmServer arguments.
 """
@@ -26,10 +26,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..sidecar.agent import Agent, AttachConfig
-from ..collect.host import HostCollector
-from ..collect.scrape import ScrapeCollector
-from ..diagnosis import Options, load_rules
+from kvdoctor.sidecar.agent import Agent, AttachConfig
+from kvdoctor.collect.host import HostCollector
+from kvdoctor.collect.scrape import ScrapeCollector
+from kvdoctor.diagnosis import Options, load_rules
 from . import loadgen
 from .llama_server import LlamaServer, free_port
 
@@ -312,7 +312,7 @@ def quality_prompts(n: int = 8, shortest: int = 100, longest: int = 1800) -> lis
 def run_quality(name: str, out: Path, *, max_tokens: int = 48, log=print):
     """Baseline (f16 KV) and candidate (quantised KV) servers, same prompts, greedy; writes the
     candidate's capture with each request's baseline comparison (see `kvdoctor quality`)."""
-    from ..quality import by_context, compare, verdict, write_capture
+    from kvdoctor.quality import by_context, compare, verdict, write_capture
 
     kv = KV_QUANT[name]
     if out.exists():

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..model import RequestRecord
+from kvdoctor.model import RequestRecord
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A real rate-limiting gateway in front of a real llama-server, kvdoctor attached in front of
 the gateway: the 429 case of the error classes (kvdoctor/error_classes.py).
 
-    python -m kvdoctor.testing.gateway samples/gateway-rate-limit
+    python -m harness.gateway samples/gateway-rate-limit
 
 nginx (``limit_req``, 2 requests/s, burst 2, status 429) guards ``/v1/``; ``/metrics`` and
 ``/health`` pass through so the sidecar still scrapes the engine. The load is 30 short prompts,

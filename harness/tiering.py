@@ -1,7 +1,7 @@
 """Request tiering on real servers: the same mixed-length load across two llama-servers, once
 spread round-robin and once routed by length, kvdoctor attached in front of the router.
 
-    python -m kvdoctor.testing.tiering samples/tiering-round-robin samples/tiering-by-length
+    python -m harness.tiering samples/tiering-round-robin samples/tiering-by-length
 
 A real nginx is the router, as a gateway in production would be: ``upstream`` round-robin over
 both servers, or a ``map`` on the request's Content-Length that sends long prompts (bodies of

@@ -1,8 +1,8 @@
 """A real llama.cpp ``llama-server`` for tests and benchmarks.
 
 * :class:`LlamaServer` starts/stops/restarts a server on a free 127.0.0.1 port
-  (the lifecycle is :class:`~kvdoctor.testing.server_base.ManagedServer`'s).
-* The binary and the model come from :mod:`kvdoctor.testing.llama_build`
+  (the lifecycle is :class:`~harness.server_base.ManagedServer`'s).
+* The binary and the model come from :mod:`harness.llama_build`
   (:func:`ensure_llama_server`, :func:`model_path`), re-exported here.
 """
 from __future__ import annotations

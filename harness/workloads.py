@@ -1,7 +1,7 @@
 """Workloads for the load generator: what to send, as :class:`ChatRequest` lists.
 
 ``short_prompts``, ``long_prompts`` (no shared prefix), ``conversations`` (multi-turn, chained),
-``shared_prefix`` (one long system prompt) and ``filler_text``. :mod:`kvdoctor.testing.loadgen`
+``shared_prefix`` (one long system prompt) and ``filler_text``. :mod:`harness.loadgen`
 sends them and re-exports every name here.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ the whole run has ``max_duration_s``; the number of requests is fixed.
 
 CLI::
 
-    python -m kvdoctor.testing.loadgen --url http://127.0.0.1:8080 --kind multi-turn --n 4 --concurrency 2
+    python -m harness.loadgen --url http://127.0.0.1:8080 --kind multi-turn --n 4 --concurrency 2
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import aiohttp
 import orjson
 
-from ..numeric import json_number, percentile_sorted
+from kvdoctor.numeric import json_number, percentile_sorted
 from .workloads import (  # noqa: F401  (re-exported: tests, benchmarks and scenarios use loadgen.NAME)
     ChatRequest, conversations, filler_text, long_prompts, shared_prefix, short_prompts)
 
@@ -321,7 +321,7 @@ def _build(kind: str, n: int, args: argparse.Namespace) -> list[ChatRequest]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvdoctor.testing.loadgen",
+    ap = argparse.ArgumentParser(prog="python -m harness.loadgen",
                                  description="Streaming OpenAI-chat load generator; prints a JSON summary.")
     ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     ap.add_argument("--kind", choices=["short", "long", "multi-turn", "shared-prefix"], default="short")
