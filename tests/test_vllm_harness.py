@@ -20,8 +20,13 @@ def test_cmdline_and_env(tmp_path):
     flags = " ".join(cmd)
     for want in ("--max-model-len 512", "--max-num-seqs 8", "--num-gpu-blocks-override 9", "--no-enable-prefix-caching",
                  f"--host 127.0.0.1 --port {s.port}", "--otlp-traces-endpoint http://127.0.0.1:4318/v1/traces",
-                 "--served-model-name smollm2 default", "--kv-cache-memory-bytes 256M"):
+                 "--served-model-name smollm2 default"):
         assert want in flags, want
+    # the same 11,648 tokens of KV in either dtype
+    for dtype, kv in (("bfloat16", "256M"), ("float32", "512M")):
+        flags = " ".join(server(tmp_path, dtype=dtype).cmdline())
+        assert f"--dtype {dtype}" in flags and f"--kv-cache-memory-bytes {kv}" in flags, flags
+    assert "--kv-cache-memory-bytes 1G" in " ".join(server(tmp_path, dtype="float32", kv_cache_bytes="1G").cmdline())
     env = s.env()
     assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf" and env["HF_HUB_OFFLINE"] == "1"
     plain = server(tmp_path)
@@ -86,7 +91,7 @@ def test_traceparent_trace_id():
 def test_vllm_dtype_follows_the_cpu():
     """bfloat16 only where the CPU computes it natively: on an AVX2-only EPYC vLLM's bf16 linear
     falls back to a slow torch path (a 1,200-token prompt took seconds more to prefill)."""
-    from kvdoctor.testing.vllm_server import cpu_dtype
+    from harness.vllm_server import cpu_dtype
 
     assert cpu_dtype("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n") == "float32"
     assert cpu_dtype("flags\t\t: fpu avx2 avx512f avx512_bf16\n") == "bfloat16"
