@@ -4,8 +4,10 @@ the gateway: the 429 case of the error classes (kvdoctor/error_classes.py).
     python -m harness.gateway samples/gateway-rate-limit
 
 nginx (``limit_req``, 2 requests/s, burst 2, status 429) guards ``/v1/``; ``/metrics`` and
-``/health`` pass through so the sidecar still scrapes the engine. The load is 30 short prompts,
-6 at a time: far above 2/s, so most are refused by the gateway before they reach the engine.
+``/health`` pass through so the sidecar still scrapes the engine. The load is 30 short prompts
+arriving at 6/s (Poisson, however slow the served ones are): three times the gateway's rate, so about two in
+three are refused before they reach the engine and the rest are served. Sent all at once, the
+refusals came back so fast that the whole load passed within the burst: 2 served, flaky.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ GATE = """
     }}"""
 
 
-def record(out: Path, n: int = 30, concurrency: int = 6) -> list[loadgen.ClientTiming] | None:
+def record(out: Path, n: int = 30, concurrency: int = 30, rate_per_s: float = 6.0) -> list[loadgen.ClientTiming] | None:
     """Run the load through kvdoctor -> nginx -> llama-server; the capture lands in ``out`` with
     client-timings.jsonl beside it. None when nginx is not installed."""
     from .scenarios import AttachedAgent
@@ -46,7 +48,8 @@ def record(out: Path, n: int = 30, concurrency: int = 6) -> list[loadgen.ClientT
                 return None
             with AttachedAgent(f"http://127.0.0.1:{gate_port}", out, srv.pid) as att:
                 timings = asyncio.run(loadgen.run_load(att.proxy_url, loadgen.short_prompts(n, max_tokens=8),
-                                                       concurrency=concurrency, timeout_s=120))
+                                                       concurrency=concurrency, arrival_rate_per_s=rate_per_s,
+                                                       timeout_s=120))
                 time.sleep(1.5)  # one more scrape after the last request
     loadgen.write_timings(out / "client-timings.jsonl", timings)
     return timings
