@@ -11,22 +11,36 @@ from kvdoctor.diagnosis import Options, diagnose
 from kvdoctor.objectives import parse_slo
 
 
-def check_healthy_mixed(out, timings) -> None:
-    """No warning or critical; a shape rule may be said as an observation. And the same capture
-    against a stated objective below what it did must page, with that objective first."""
+def skip_unless_client_met_objectives(timings) -> None:
+    """The premise of a healthy run, from the client's own timings: the light load met the default
+    objectives (TTFT P99 2 s, TPOT P99 100 ms). A host busy with other work can break them for
+    real, and then paging is right: the test skips, saying what the client saw. Read as the
+    objective reads: more requests over the target than a P99 lets be over (one at least)."""
     import numpy as np
     import pytest
 
-    ok = [t for t in timings if t.status == "ok"]
-    assert len(ok) == len(timings), "every request of the light load succeeds"
-    # the premise, from the client's own timings: a light load on this host met the default
-    # objectives. A host busy with other work can break them for real, and then paging is right
-    ttft99 = float(np.percentile([t.ttft_s for t in ok], 99))
-    tpot = [(t.chunk_times_s[-1] - t.chunk_times_s[0]) / (len(t.chunk_times_s) - 1) for t in ok if len(t.chunk_times_s) > 2]
-    tpot99 = float(np.percentile(tpot, 99)) if tpot else 0.0
-    if ttft99 > 2.0 or tpot99 > 0.1:
+    ok = [t for t in timings if t.status == "ok" and t.ttft_s is not None]
+    ttft = np.array([t.ttft_s for t in ok])
+    tpot = np.array([(t.chunk_times_s[-1] - t.chunk_times_s[0]) / (len(t.chunk_times_s) - 1)
+                     for t in ok if len(t.chunk_times_s) > 2])
+    ttft99 = float(np.percentile(ttft, 99)) if len(ttft) else 0.0
+    tpot99 = float(np.percentile(tpot, 99)) if len(tpot) else 0.0
+    # a P99 lets 1% of requests be over; one slow request (a cold first prefill) is not a broken P99
+    def broken(v, target):
+        return int((v > target).sum()) > max(1, 0.01 * len(v))
+
+    if broken(ttft, 2.0) or broken(tpot, 0.1):
         pytest.skip(f"the host was too busy for a light load to be healthy: the client saw TTFT P99 {ttft99:.2f} s, "
                     f"TPOT P99 {tpot99 * 1e3:.0f} ms (objectives 2 s, 100 ms); kvdoctor paging is then right")
+
+
+def check_healthy_mixed(out, timings) -> None:
+    """No warning or critical; a shape rule may be said as an observation. And the same capture
+    against a stated objective below what it did must page, with that objective first."""
+
+    ok = [t for t in timings if t.status == "ok"]
+    assert len(ok) == len(timings), "every request of the light load succeeds"
+    skip_unless_client_met_objectives(timings)
     diag = diagnose(kvdoctor.load(out))
     report = json.dumps(diag.to_json()["incidents"], indent=1)[:3000]
     assert not pages(diag), f"a healthy server at light load must page nobody:\n{report}"
