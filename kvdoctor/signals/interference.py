@@ -52,13 +52,7 @@ def prefill_windows(prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def gap_table(prep) -> GapTable | None:
     """The capture's decode gaps with the prefill tokens they overlap; None without per-request
     ITL lists or arrival times (nothing to align the gaps with)."""
-    if "_gap_table" in prep.__dict__:
-        return prep.__dict__["_gap_table"]
-    out = None
-    if prep.itl is not None and prep.arrivals_known:
-        out = _build(prep)
-    prep.__dict__["_gap_table"] = out
-    return out
+    return prep.memoised("gap_table", lambda: _build(prep) if prep.itl is not None and prep.arrivals_known else None)
 
 
 def _build(prep) -> GapTable | None:

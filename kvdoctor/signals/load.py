@@ -33,10 +33,7 @@ HIT_BELOW_PREFILL = 0.5
 def _arrivals_known(prep) -> bool:
     """Whether the capture has send times: without them there is no load to judge (the
     window's time axis is then finish times or file order)."""
-    got = prep.__dict__.get("_arrivals_known")
-    if got is None:
-        got = prep.__dict__["_arrivals_known"] = bool(np.isfinite(prep.cap.requests.num("arrival_s")).any())
-    return got
+    return prep.memoised("arrivals_known", lambda: bool(np.isfinite(prep.cap.requests.num("arrival_s")).any()))
 
 
 def _least_loaded(load: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -46,7 +43,7 @@ def _least_loaded(load: np.ndarray, ok: np.ndarray) -> np.ndarray:
     if m.sum() < MIN_BASELINE:
         return np.array([], dtype=np.int64)
     k = max(MIN_BASELINE, int(np.ceil(BASELINE_FRAC * m.sum())))
-    cut = np.sort(load[m])[k - 1]
+    cut = np.partition(load[m], k - 1)[k - 1]  # the k-th least load (no full sort)
     return np.flatnonzero(m & (load <= cut))
 
 
@@ -55,9 +52,10 @@ def _baseline(prep) -> dict[str, float]:
     TTFT from the requests that arrived with the fewest in flight, TPOT from those that
     decoded beside the fewest; a run loaded from its first request gets a loaded baseline, so
     the ratios against it understate, never overstate, a slowdown."""
-    got = prep.__dict__.get("_low_load")
-    if got is not None:
-        return got
+    return prep.memoised("low_load_baseline", lambda: _low_load(prep))
+
+
+def _low_load(prep) -> dict[str, float]:
     ok = ~prep.is_error & _arrivals_known(prep)
     out: dict[str, float] = {}
     idx = _least_loaded(prep.col["concurrency"], ok & np.isfinite(prep.col["ttft_s"]))
@@ -77,7 +75,6 @@ def _baseline(prep) -> dict[str, float]:
     out_tok = float(np.mean(gen[np.isfinite(gen)])) if np.isfinite(gen).any() else np.nan
     if np.isfinite(out_tok):  # the mean request's time in the system, unloaded (Little's law takes means)
         out["e2e_s"] = out.get("ttft_s", np.nan) + max(out_tok - 1, 0) * out.get("tpot_s", np.nan)
-    prep.__dict__["_low_load"] = out
     return out
 
 
@@ -145,7 +142,7 @@ def inflight_over_littles_law(w):
     a, b, arr = _arrival_span(w)
     if not np.isfinite(a) or b <= a:
         return np.nan
-    area = w.prep._mean_in_flight(np.array([a]), np.array([b]))[0]
+    area = w.prep.mean_in_flight(np.array([a]), np.array([b]))[0]
     rate = (len(arr) - 1) / (b - a)
     return ratio(area, rate * _base(w, "e2e_s"))
 

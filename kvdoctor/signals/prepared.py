@@ -7,7 +7,7 @@ into it, so evaluating hundreds of rolling windows costs little.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class Prepared:
         # finishes in time order (nearly sorted already: timsort is fast), shared by both below
         self._fin_sorted = np.sort(np.where(np.isnan(fin), np.inf, fin), kind="stable")
         self.col["concurrency"] = self._concurrency_at_arrival()
-        self.col["decode_concurrency"] = self._mean_in_flight(self.col["first_token_s"], self.col["finish_s"])
+        self.col["decode_concurrency"] = self.mean_in_flight(self.col["first_token_s"], self.col["finish_s"])
         self._order = order
         self._session: np.ndarray | None = None
         #: where no request says its conversation and turn but prompts carry block hashes, both are
@@ -99,6 +99,15 @@ class Prepared:
         self.event_t = np.array([e.get("time_s", np.nan) for e in self.events], dtype=float)
         self.config = self._config()
 
+    def memoised(self, key: str, build: Callable[[], Any]) -> Any:
+        """``memo[key]``, made by ``build()`` on first use (a None result is kept too): how a
+        signal module computes a per-capture result once."""
+        try:
+            return self.memo[key]
+        except KeyError:
+            got = self.memo[key] = build()
+            return got
+
     @property
     def error_class(self) -> np.ndarray:
         """Each request's error class name ("" for a success), in arrival order."""
@@ -107,11 +116,11 @@ class Prepared:
     def hist_times(self, name: str) -> np.ndarray | None:
         """Times of an engine histogram's snapshots when sorted (as the capture reader gives
         them), else None."""
-        cache = self.__dict__.setdefault("_hist_times", {})
-        if name not in cache:
+        def build():
             t = np.array([t for t, _ in self.cap.engine.histograms.get(name, ())], dtype=float)
-            cache[name] = t if is_sorted(t) else None
-        return cache[name]
+            return t if is_sorted(t) else None
+
+        return self.memoised(f"hist_times:{name}", build)
 
     # -- per-capture derived columns ----------------------------------------------------
     def _concurrency_at_arrival(self) -> np.ndarray:
@@ -128,18 +137,30 @@ class Prepared:
         finished = np.searchsorted(fin_sorted, arr, side="right")
         return (started - finished).astype(float)
 
-    def _mean_in_flight(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def _in_flight_steps(self) -> tuple[np.ndarray, ...] | None:
+        """(arrivals, finishes, and the prefix sums of each with a leading 0) of the requests with
+        both times, each sorted: the in-flight step function, built once per capture; None with
+        fewer than 2 such arrivals or no finish."""
+        def build():
+            done = np.isfinite(self.t) & np.isfinite(self.col["finish_s"])
+            arr = self.t[done]  # a subset of a sorted array stays sorted
+            fin = self._fin_sorted[np.isfinite(self._fin_sorted)]
+            if len(arr) < 2 or len(fin) < 1:
+                return None
+            return arr, fin, np.concatenate([[0.0], np.cumsum(arr)]), np.concatenate([[0.0], np.cumsum(fin)])
+
+        return self.memoised("in_flight_steps", build)
+
+    def mean_in_flight(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Mean number of requests in flight over each interval [a, b], from the cumulative
         area under the in-flight step function: with arrivals and finishes each sorted,
         area(t) = t * (started - finished) - (sum of those arrivals - sum of those finishes),
-        read off prefix sums with searchsorted (no loops, no merge of the two event lists)."""
-        done = np.isfinite(self.t) & np.isfinite(self.col["finish_s"])
-        arr = self.t[done]  # a subset of a sorted array stays sorted
-        fin = self._fin_sorted[np.isfinite(self._fin_sorted)]
-        if len(arr) < 2 or len(fin) < 1:
+        read off prefix sums with searchsorted (no loops, no merge of the two event lists; the
+        prefix sums are made once per capture, so a window's interval costs two lookups)."""
+        steps = self._in_flight_steps()
+        if steps is None:
             return np.full(len(a), np.nan)
-        cs_a = np.concatenate([[0.0], np.cumsum(arr)])
-        cs_f = np.concatenate([[0.0], np.cumsum(fin)])
+        arr, fin, cs_a, cs_f = steps
 
         def area(t: np.ndarray) -> np.ndarray:
             na = np.searchsorted(arr, t, side="right")

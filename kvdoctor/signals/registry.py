@@ -162,12 +162,13 @@ def trend_z(stratum: np.ndarray, x: np.ndarray, y: np.ndarray, max_per_stratum: 
     if len(x) < 2:
         return float("nan")
     stratum -= stratum.min()
-    several = np.bincount(stratum)[stratum] >= 2  # a stratum of one request has no pair
+    sizes = np.bincount(stratum)
+    several = sizes[stratum] >= 2  # a stratum of one request has no pair
     stratum, x, y = stratum[several], x[several], y[several]
     if len(x) < 2:
         return float("nan")
-    _, group = np.unique(stratum, return_inverse=True)
-    group = group.ravel()
+    # strata numbered 0, 1, ... in the order of their codes (np.unique's inverse, without its sort)
+    group = (np.cumsum(sizes >= 2) - 1)[stratum]
     if len(x) > max_points and group.max() > 0:
         keep = group % -(-len(x) // max_points) == 0
         group, x, y = group[keep], x[keep], y[keep]

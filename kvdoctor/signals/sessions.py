@@ -13,7 +13,15 @@ def _turn_medians(w, column: str) -> tuple[np.ndarray, np.ndarray]:
     """Median of `column` per turn number, for turns with enough requests: MIN_PER_TURN, or
     every conversation's when fewer are in the window (one conversation at a time is a
     legitimate workload: each turn then has one request). Latencies of requests that ran while
-    other processes held the host are left out (signals/host.py)."""
+    other processes held the host are left out (signals/host.py). Once per window and column."""
+    key = f"turn_medians:{column}"
+    got = w._cache.get(key)
+    if got is None:
+        got = w._cache[key] = _turn_medians_of(w, column)
+    return got
+
+
+def _turn_medians_of(w, column: str) -> tuple[np.ndarray, np.ndarray]:
     turn, v = w.r("turn"), w.r(column)
     m = np.isfinite(turn) & np.isfinite(v)
     if column != "prompt_tokens":  # a latency: not while other processes held the host
@@ -22,16 +30,43 @@ def _turn_medians(w, column: str) -> tuple[np.ndarray, np.ndarray]:
     need = int(min(MIN_PER_TURN, n_sessions)) if n_sessions >= 1 else MIN_PER_TURN
     if m.sum() < 2 * need:
         return np.array([]), np.array([])
-    turn, v = turn[m].astype(np.int64), v[m]
-    # one float key sorts by turn, then value (cheaper than lexsort): each group's middle is its median
-    span = float(v.max() - v.min()) or 1.0
-    order = np.argsort(turn + 0.999 * (v - v.min()) / span)
-    turn, v = turn[order], v[order]
-    uniq, starts, counts = np.unique(turn, return_index=True, return_counts=True)
-    keep = counts >= need
+    return group_medians(turn[m].astype(np.int64), v[m], need)
+
+
+#: group_medians takes one partition per group up to this many groups, else one sort of all values
+MAX_GROUPS_PARTITIONED = 256
+
+
+def group_medians(key: np.ndarray, v: np.ndarray, min_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(each integer key with at least ``min_count`` values, ascending, as floats; the median of
+    its values). The values are grouped by a stable sort of the keys (a radix sort when they
+    span under 2**16) and each group's middle one or two read by a partition, or, past
+    MAX_GROUPS_PARTITIONED groups, by one sort on (key, value)."""
+    lo_key = int(key.min())
+    span = int(key.max()) - lo_key
+    small = key - lo_key
+    if span < 2**15:
+        small = small.astype(np.int16)  # numpy sorts 16-bit integers by radix
+    order = np.argsort(small, kind="stable")
+    k_sorted, v_sorted = key[order], v[order]
+    starts = np.flatnonzero(np.concatenate(([True], k_sorted[1:] != k_sorted[:-1])))
+    counts = np.diff(np.append(starts, len(k_sorted)))
+    keep = counts >= min_count
     starts, counts = starts[keep], counts[keep]
-    lo, hi = starts + (counts - 1) // 2, starts + counts // 2
-    return uniq[keep].astype(float), (v[lo] + v[hi]) / 2.0
+    lo, hi = (counts - 1) // 2, counts // 2
+    if len(starts) > MAX_GROUPS_PARTITIONED:
+        # one float key sorts by key, then value (cheaper than lexsort): each group's middle is its median
+        vs = v_sorted
+        vspan = float(vs.max() - vs.min()) or 1.0
+        within = np.argsort(k_sorted + 0.999 * (vs - vs.min()) / vspan, kind="stable")
+        vs = vs[within]
+        meds = (vs[starts + lo] + vs[starts + hi]) / 2.0
+    else:
+        meds = np.empty(len(starts))
+        for g, (s0, c, a, b) in enumerate(zip(starts.tolist(), counts.tolist(), lo.tolist(), hi.tolist())):
+            part = np.partition(v_sorted[s0:s0 + c], (a, b)) if c > 1 else v_sorted[s0:s0 + c]
+            meds[g] = (part[a] + part[b]) / 2.0
+    return k_sorted[starts].astype(float), meds
 
 
 def _growth_per_turn(w, column: str) -> float:
@@ -99,9 +134,20 @@ def _trend_z(w, column: str) -> float:
     without a conversation id), requests that ran while the host was contended left out."""
     turn, v = w.r("turn"), w.r(column)
     m = np.isfinite(turn) & np.isfinite(v) & ~contended(w)
-    if len(np.unique(turn[m])) < 4:
+    if _distinct(turn[m]) < 4:
         return np.nan
     return trend_z(w.prep.session[w.req][m], turn[m], v[m])
+
+
+def _distinct(a: np.ndarray) -> int:
+    """How many distinct values ``a`` holds (finite values): a count over a small integer range
+    (turn numbers) instead of a sort."""
+    if not len(a):
+        return 0
+    lo, hi = float(a.min()), float(a.max())
+    if hi - lo < 2**20 and np.array_equal(a, np.floor(a)):
+        return int(np.count_nonzero(np.bincount((a - lo).astype(np.int64))))
+    return len(np.unique(a))
 
 
 @signal("turn_tpot_trend_z", "z")
@@ -124,5 +170,22 @@ def turn_ttft_trend_z(w):
 @signal("sessions", "count")
 def sessions(w):
     """Distinct conversations with a request in the window."""
-    s = w.prep.session[w.req]
-    return float(len(np.unique(s[s >= 0])))
+    lo, hi = w.req.start, w.req.stop
+    s, prev = w.prep.session[lo:hi], _previous_of_session(w.prep)[lo:hi]
+    # a conversation counts once: at its first request in the window (its previous one came earlier)
+    return float(np.count_nonzero((s >= 0) & (prev < lo)))
+
+
+def _previous_of_session(prep) -> np.ndarray:
+    """Per request in arrival order: the row of the same conversation's previous request, -1 for
+    its first (and for requests without one); once per capture, so counting a window's
+    conversations is one comparison per request instead of a sort."""
+    def build():
+        s = prep.session
+        order = np.argsort(s, kind="stable")  # by conversation, arrival order within each
+        same = s[order[1:]] == s[order[:-1]]
+        prev = np.full(len(s), -1, dtype=np.int64)
+        prev[order[1:][same]] = order[:-1][same]
+        return prev
+
+    return prep.memoised("previous_of_session", build)
