@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .quantiles import median, percentiles
 from .registry import FIT_MIN_X_SPREAD_FRAC, fit, percentile, ratio, signal
 
 #: gaps kept for the table (a stride over each request's gaps beyond it): the overlap is a loop
@@ -207,7 +208,7 @@ def long_overlap_over_plain(w):
     uncached = tokens[w.req][np.isfinite(w.r("prompt_tokens"))]
     if len(uncached) < 5:
         return float("nan")
-    p50, p90 = np.percentile(uncached, [50, 90])
+    p50, p90 = percentiles(uncached, (50, 90))
     long_, plain = g.prompt_max_tokens >= max(4 * p50, p90), ~_hit(g)
     if long_.sum() < 5 or plain.sum() < 5:
         return float("nan")
@@ -224,10 +225,10 @@ def short_tpot_long(w):
     p, tpot = w.r("prompt_tokens"), w.r("tpot_s")
     arr, first, fin = w.prep.t[w.req], w.r("first_token_s"), w.r("finish_s")
     m = np.isfinite(p) & np.isfinite(arr) & np.isfinite(fin)
-    if m.sum() < 20:
+    if np.count_nonzero(m) < 20:
         return float("nan")
-    med = float(np.median(p[m]))
-    long_ = m & (p >= max(4 * med, float(np.percentile(p[m], 90))))
+    med, p90 = median(p[m]), percentiles(p[m], (90,))[0]
+    long_ = m & (p >= max(4 * med, p90))
     short = m & (p <= med) & np.isfinite(tpot) & np.isfinite(first)
     if long_.sum() < 1 or short.sum() < 10:
         return float("nan")
@@ -241,4 +242,4 @@ def short_tpot_long(w):
     t = tpot[short]
     if hit.sum() < 3 or (~hit).sum() < 3:
         return float("nan")
-    return ratio(float(np.median(t[hit])), float(np.median(t[~hit])))
+    return ratio(median(t[hit]), median(t[~hit]))

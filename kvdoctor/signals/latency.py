@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .quantiles import median, percentiles
 from .registry import fit, percentile, ratio, signal, split_medians
 
 MIN_REQUESTS = 5
@@ -224,10 +225,10 @@ def hol_ratio(w):
     p, t = w.r("prompt_tokens"), w.r("ttft_s")
     arr, first = w.prep.t[w.req], w.r("first_token_s")
     m = np.isfinite(p) & np.isfinite(t) & np.isfinite(first)
-    if m.sum() < 20:
+    if np.count_nonzero(m) < 20:
         return np.nan
-    med = np.median(p[m])
-    long_ = m & (p >= max(4 * med, np.percentile(p[m], 90)))
+    med, p90 = _median_p90(p[m])
+    long_ = m & (p >= max(4 * med, p90))
     short = m & (p <= med)
     if long_.sum() < 1 or short.sum() < 10:
         return np.nan
@@ -241,4 +242,9 @@ def hol_ratio(w):
     ts = t[short]
     if behind.sum() < 3 or (~behind).sum() < 3:
         return np.nan
-    return ratio(float(np.median(ts[behind])), float(np.median(ts[~behind])))
+    return ratio(median(ts[behind]), median(ts[~behind]))
+
+
+def _median_p90(a: np.ndarray) -> tuple[float, float]:
+    """(np.median, np.percentile 90) of finite values: where a prompt is long."""
+    return median(a), percentiles(a, (90,))[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .quantiles import median
 from .registry import percentile, ratio, signal
 
 #: the baseline is the least-loaded share of requests (at least MIN_BASELINE of them)
@@ -174,7 +175,7 @@ def ttft_late_over_early(w):
     span_e, span_l = arr[q - 1] - arr[0], arr[-1] - arr[len(arr) - q]
     if span_e <= 0 or span_l <= 0 or not (1 / 1.5 <= span_e / span_l <= 1.5):
         return np.nan  # arrivals sped up or slowed down: a rising TTFT could be the new load
-    return ratio(float(np.median(ttft[late])), float(np.median(ttft[early])))
+    return ratio(median(ttft[late]), median(ttft[early]))
 
 
 def _modes(w) -> dict[str, float] | None:
@@ -204,10 +205,11 @@ def _modes(w) -> dict[str, float] | None:
                 cut = k - 1 + int(np.argmax(gaps))
                 fast, slow = order[:cut + 1], order[cut + 1:]
         if fast is not None:
-            out = {"fast_frac": len(fast) / n, "fast_s": float(np.median(t[fast])), "slow_s": float(np.median(t[slow])),
+            t_fast, t_slow = median(t[fast]), median(t[slow])
+            out = {"fast_frac": len(fast) / n, "fast_s": t_fast, "slow_s": t_slow,
                    "prompt_ratio": ratio(percentile(p[slow], 50), percentile(p[fast], 50)),
-                   "slow_over_prefill": ratio(float(np.median(t[slow])), percentile(exp[slow], 50)),
-                   "fast_over_prefill": ratio(float(np.median(t[fast])), percentile(exp[fast], 50)),
+                   "slow_over_prefill": ratio(t_slow, percentile(exp[slow], 50)),
+                   "fast_over_prefill": ratio(t_fast, percentile(exp[fast], 50)),
                    "conc_slow": percentile(c[slow], 50), "conc_fast": percentile(c[fast], 50)}
             # where the engine reports cached prompt tokens per request, the split must be the cache's
             share = w.r("cached_prompt_tokens")[m] / np.where(p > 0, p, np.nan)

@@ -7,7 +7,8 @@ into it, so evaluating hundreds of rolling windows costs little.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,9 @@ REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
                    "cached_prompt_tokens", "turn", "output_repetition", "http_status",
                    "baseline_agreement_frac", "baseline_output_repetition")
 
+
+#: windows Prepared.window keeps (the rolling ones only pass through)
+RECENT_WINDOWS = 4
 
 #: an inter-chunk gap below this is a reading artefact, not a decode step (see Prepared._read_late)
 READ_BURST_S = 0.001
@@ -278,7 +282,16 @@ class Prepared:
         return float(max(cands)) if cands else 0.0
 
     def window(self, t0: float, t1: float) -> "Window":
-        return Window(self, t0, t1)
+        """The window over [t0, t1]. The last few asked for are kept, so callers that read the same
+        span (the whole capture: coverage, key numbers, an incident over all of it, the report's
+        charts) share its memoised signals instead of computing them on a million requests again."""
+        recent = self.memo.setdefault("windows", {})
+        w = recent.get((t0, t1))
+        if w is None:
+            if len(recent) >= RECENT_WINDOWS:
+                del recent[next(iter(recent))]  # the oldest
+            w = recent[(t0, t1)] = Window(self, t0, t1)
+        return w
 
 
 #: error classes by code (Prepared.error_code); 0 is a success

@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ..numeric import percentile_rank
+from .quantiles import median, percentiles
 
 
 @dataclass(frozen=True)
@@ -79,18 +80,19 @@ def fit(x: np.ndarray, y: np.ndarray, min_n: int = 8,
     median magnitude (a constant x is no trend: slope and correlation 0).
     """
     m = np.isfinite(x) & np.isfinite(y)
-    n = int(m.sum())
+    n = int(np.count_nonzero(m))
     if n < min_n:
         return float("nan"), float("nan"), n
     x, y = x[m], y[m]
-    spread = float(np.ptp(x))
-    level = float(np.median(np.abs(x))) or float(np.mean(np.abs(x)))
-    if 0 < spread < min_spread_frac * level:
-        return float("nan"), float("nan"), n
+    spread = float(x.max() - x.min())
+    if spread > 0 and min_spread_frac > 0:  # the level matters only to a spread that is not 0
+        level = median(np.abs(x)) or float(np.mean(np.abs(x)))
+        if spread < min_spread_frac * level:
+            return float("nan"), float("nan"), n
     if n > FIT_MAX_POINTS:
         idx = np.linspace(0, n - 1, FIT_MAX_POINTS).astype(np.int64)
         x, y = x[idx], y[idx]
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
+    if x.max() == x.min() or y.max() == y.min():
         return 0.0, 0.0, n
     xm = x - x.mean()
     slope = float((xm * (y - y.mean())).sum() / (xm * xm).sum())
@@ -103,13 +105,13 @@ def split_medians(k: np.ndarray, v: np.ndarray, lo_q: float = 25, hi_q: float = 
     """(median of v where k is at or above its hi_q percentile, median where k is at or below
     its lo_q percentile), over finite pairs; NaNs with fewer than min_n pairs or flat k."""
     m = np.isfinite(k) & np.isfinite(v)
-    if m.sum() < min_n:
+    if np.count_nonzero(m) < min_n:
         return float("nan"), float("nan")
     k, v = k[m], v[m]
-    lo, hi = np.percentile(k, lo_q), np.percentile(k, hi_q)
+    lo, hi = percentiles(k, (lo_q, hi_q))
     if hi <= lo:
         return float("nan"), float("nan")
-    return float(np.median(v[k >= hi])), float(np.median(v[k <= lo]))
+    return median(v[k >= hi]), median(v[k <= lo])
 
 
 def ranks(a: np.ndarray) -> np.ndarray:

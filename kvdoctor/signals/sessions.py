@@ -170,22 +170,10 @@ def turn_ttft_trend_z(w):
 @signal("sessions", "count")
 def sessions(w):
     """Distinct conversations with a request in the window."""
-    lo, hi = w.req.start, w.req.stop
-    s, prev = w.prep.session[lo:hi], _previous_of_session(w.prep)[lo:hi]
-    # a conversation counts once: at its first request in the window (its previous one came earlier)
-    return float(np.count_nonzero((s >= 0) & (prev < lo)))
-
-
-def _previous_of_session(prep) -> np.ndarray:
-    """Per request in arrival order: the row of the same conversation's previous request, -1 for
-    its first (and for requests without one); once per capture, so counting a window's
-    conversations is one comparison per request instead of a sort."""
-    def build():
-        s = prep.session
-        order = np.argsort(s, kind="stable")  # by conversation, arrival order within each
-        same = s[order[1:]] == s[order[:-1]]
-        prev = np.full(len(s), -1, dtype=np.int64)
-        prev[order[1:][same]] = order[:-1][same]
-        return prev
-
-    return prep.memoised("previous_of_session", build)
+    s = w.prep.session[w.req]
+    s = s[s >= 0]
+    if not len(s):
+        return 0.0
+    seen = np.zeros(int(s.max()) + 1, dtype=bool)  # conversation codes are dense: a mark each, no sort
+    seen[s] = True
+    return float(np.count_nonzero(seen))
