@@ -167,19 +167,28 @@ def _clean(seg: Path, data: bytes, warnings: list[str]) -> bytes:
 
 def _conform(table: pa.Table, schema: pa.Schema, seg: Path) -> pa.Table:
     """Cast what the reader inferred to the capture schema; absent fields become null columns,
-    unknown ones are dropped (newer writers may add fields)."""
+    unknown ones are dropped (newer writers may add fields). The absent fields of one type share
+    one null array (immutable): a capture lacks a score of fields, each a row's 8 bytes otherwise."""
+    nulls: dict[pa.DataType, pa.Array] = {}
+
+    def null_column(t: pa.DataType) -> pa.Array:
+        got = nulls.get(t)
+        if got is None:
+            got = nulls[t] = pa.nulls(len(table), t)
+        return got
+
     cols = []
     for f in schema:
         if f.name in table.column_names:
             col = table.column(f.name)
             if col.type != f.type:
                 try:
-                    col = col.cast(f.type) if not pa.types.is_null(col.type) else pa.nulls(len(table), f.type)
+                    col = col.cast(f.type) if not pa.types.is_null(col.type) else null_column(f.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     raise InputError(f"{seg}: field {f.name}: expected {f.type}, found {col.type} values") from None
             cols.append(col)
         else:
-            cols.append(pa.nulls(len(table), f.type))
+            cols.append(null_column(f.type))
     return pa.Table.from_arrays(cols, schema=schema)
 
 

@@ -7,7 +7,6 @@ import click
 import orjson
 
 from ..errors import InputError
-from ..prometheus import fetch_from_options
 from . import params as P
 from .common import check_range, finish, write_out
 
@@ -88,6 +87,7 @@ def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, st
     """Fetch (or replay) and diagnose every instance: the FleetDiagnosis that diagnose and report render."""
     from ..diagnosis import Options
     from ..fleet import diagnose_fleet
+    from ..prometheus import fetch_from_options  # fleet mode only: diagnose CAPTURE does not import it
     from .attach import read_token
     from .common import load_rules_checked
 

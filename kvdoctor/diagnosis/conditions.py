@@ -131,7 +131,7 @@ def can_hold(cond: Cond, value: Callable[[str], float], slo: dict[str, float]) -
         return not any(math.isnan(value(s)) for s in cond.signals())
     if cond.kind == "not":  # not(unknown) stays unknown: possible only on fully known input
         return all(not math.isnan(value(s)) for s in cond.signals())
-    parts = [can_hold(c, value, slo) for c in cond.children]
+    parts = (can_hold(c, value, slo) for c in cond.children)  # the first decisive child ends it: signals are costly
     return all(parts) if cond.kind == "all" else any(parts)
 
 

@@ -149,7 +149,7 @@ def _tie_sums(group: np.ndarray, a: np.ndarray, n_groups: int) -> tuple[np.ndarr
 
 
 def trend_z(stratum: np.ndarray, x: np.ndarray, y: np.ndarray, max_per_stratum: int = FIT_MAX_POINTS,
-            max_points: int = TREND_MAX_POINTS) -> float:
+            max_points: int = TREND_MAX_POINTS, rows: np.ndarray | None = None) -> float:
     """(``stratum``: integer codes.) Whether y rises with x consistently within each stratum (Mann-Kendall's test stratified,
     as Hirsch & Slack's seasonal test): S = over every pair in one stratum, +1 where y moves with x,
     -1 against it; z = S over its standard deviation when x and y are unrelated (Kendall's variance
@@ -158,22 +158,31 @@ def trend_z(stratum: np.ndarray, x: np.ndarray, y: np.ndarray, max_per_stratum: 
     evidence (about the square root of the pairs), so 3 says a chance ordering is ~1 in 1,000 at any
     sample size. NaN when no stratum has two x and two y that differ. Past ``max_points`` requests
     every k-th stratum is kept; a stratum past ``max_per_stratum`` is evenly subsampled (the cost
-    is quadratic in a stratum's size)."""
+    is quadratic in a stratum's size). ``rows``: only these requests (a mask), where given.
+
+    Which strata stay is decided per stratum, so a million requests are gathered once, not
+    filtered again at each step."""
     m = np.isfinite(x) & np.isfinite(y)
-    stratum, x, y = stratum[m].astype(np.int64), x[m], y[m]
-    if len(x) < 2:
+    if rows is not None:
+        m &= rows
+    sel = np.flatnonzero(m)
+    if len(sel) < 2:
         return float("nan")
-    stratum -= stratum.min()
-    sizes = np.bincount(stratum)
-    several = sizes[stratum] >= 2  # a stratum of one request has no pair
-    stratum, x, y = stratum[several], x[several], y[several]
-    if len(x) < 2:
+    code = stratum[sel].astype(np.int64)
+    code -= code.min()
+    sizes = np.bincount(code)
+    several = sizes >= 2  # a stratum of one request has no pair
+    n_pairs_rows = int(sizes[several].sum())
+    if n_pairs_rows < 2:
         return float("nan")
     # strata numbered 0, 1, ... in the order of their codes (np.unique's inverse, without its sort)
-    group = (np.cumsum(sizes >= 2) - 1)[stratum]
-    if len(x) > max_points and group.max() > 0:
-        keep = group % -(-len(x) // max_points) == 0
-        group, x, y = group[keep], x[keep], y[keep]
+    group_of = np.cumsum(several) - 1
+    keep = several
+    if n_pairs_rows > max_points and group_of[-1] > 0:
+        keep = several & (group_of % -(-n_pairs_rows // max_points) == 0)
+    kept = keep[code]
+    sel, code = sel[kept], code[kept]
+    group, x, y = group_of[code], x[sel], y[sel]
     order = np.lexsort((x, group))
     group, x, y = group[order], x[order], y[order]
     n = np.bincount(group)

@@ -133,10 +133,11 @@ def _trend_z(w, column: str) -> float:
     """trend_z of `column` on the turn number within each conversation (one stratum for requests
     without a conversation id), requests that ran while the host was contended left out."""
     turn, v = w.r("turn"), w.r(column)
-    m = np.isfinite(turn) & np.isfinite(v) & ~contended(w)
+    calm = ~contended(w)
+    m = np.isfinite(turn) & np.isfinite(v) & calm
     if _distinct(turn[m]) < 4:
         return np.nan
-    return trend_z(w.prep.session[w.req][m], turn[m], v[m])
+    return trend_z(w.prep.session[w.req], turn, v, rows=None if calm.all() else calm)
 
 
 def _distinct(a: np.ndarray) -> int:
