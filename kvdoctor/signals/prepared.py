@@ -315,7 +315,13 @@ def _error_classes(req) -> np.ndarray:
     h = np.where(np.isfinite(http) & (http >= 0) & (http < 1000), http, -1).astype(np.int64) + 1
     n_err = len(e_labels) + 1
     key = ((s_codes.astype(np.int64) + 1) * n_err + (e_codes.astype(np.int64) + 1)) * 1001 + h
-    uniq, inverse = np.unique(key, return_inverse=True)
+    key_max = int(key.max())
+    if key_max < MAX_DENSE_KEYS:  # the usual few statuses and error texts: a mark per key, no sort
+        present = np.zeros(key_max + 1, dtype=bool)
+        present[key] = True
+        uniq = np.flatnonzero(present)
+    else:
+        uniq, inverse = np.unique(key, return_inverse=True)
     s_labels, e_labels = list(s_labels) + [None], list(e_labels) + [None]
     names = []
     for k in uniq.tolist():
@@ -324,4 +330,13 @@ def _error_classes(req) -> np.ndarray:
         st, err = s_labels[s - 1], e_labels[e - 1]
         names.append(error_classes.classify(code - 1 if code else None, None, err, st or ("error" if err else "ok")) or "")
     codes = np.array([CLASS_NAMES.index(x) for x in names], dtype=np.int8)
+    if key_max < MAX_DENSE_KEYS:
+        by_key = np.zeros(key_max + 1, dtype=np.int8)
+        by_key[uniq] = codes
+        return by_key[key]
     return codes[inverse.ravel()]
+
+
+#: _error_classes maps (status, error text, HTTP status) keys below this through a table, one
+#: byte a key (else through np.unique's sort)
+MAX_DENSE_KEYS = 1 << 24

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ..numeric import percentile_rank
-from .quantiles import median, percentiles
+from .quantiles import median, order_stats, percentiles
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ def percentile(a: np.ndarray, q: float, min_n: int = 1) -> float:
     if n < max(min_n, 1):
         return float("nan")
     lo, hi, frac = percentile_rank(n, q)
-    part = np.partition(a, (lo, hi)) if n > 1 else a
-    return float(part[lo] + (part[hi] - part[lo]) * frac)
+    v_lo, v_hi = order_stats(a, (lo, hi)) if hi > lo else order_stats(a, (lo,)) * 2
+    return float(v_lo + (v_hi - v_lo) * frac)
 
 
 def ratio(num: float, den: float) -> float:
