@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import is_sorted
+from .latency import prompt_median_p90
 from .quantiles import median, percentiles
 from .registry import FIT_MIN_X_SPREAD_FRAC, fit, percentile, ratio, signal
 
@@ -227,7 +229,7 @@ def short_tpot_long(w):
     m = np.isfinite(p) & np.isfinite(arr) & np.isfinite(fin)
     if np.count_nonzero(m) < 20:
         return float("nan")
-    med, p90 = median(p[m]), percentiles(p[m], (90,))[0]
+    med, p90 = prompt_median_p90(w, m)
     long_ = m & (p >= max(4 * med, p90))
     short = m & (p <= med) & np.isfinite(tpot) & np.isfinite(first)
     if long_.sum() < 1 or short.sum() < 10:
@@ -235,8 +237,11 @@ def short_tpot_long(w):
     # a short decode [first, fin] overlaps a long flight [la, lf] when some long one began before
     # the decode ended and was still in flight after it began: among longs sorted by start, the
     # latest end of those starting before `fin` must exceed `first`
-    order = np.argsort(arr[long_], kind="stable")
-    la, lf = arr[long_][order], np.maximum.accumulate(fin[long_][order])
+    la, lf = arr[long_], fin[long_]
+    if not is_sorted(la):  # a window's requests are in arrival order already: no sort then
+        order = np.argsort(la, kind="stable")
+        la, lf = la[order], lf[order]
+    lf = np.maximum.accumulate(lf)
     idx = np.searchsorted(la, fin[short], side="left") - 1
     hit = (idx >= 0) & (lf[np.clip(idx, 0, None)] > first[short])
     t = tpot[short]

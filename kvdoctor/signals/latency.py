@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import is_sorted
 from .quantiles import median, percentiles
 from .registry import fit, percentile, ratio, signal, split_medians
 
@@ -227,7 +228,7 @@ def hol_ratio(w):
     m = np.isfinite(p) & np.isfinite(t) & np.isfinite(first)
     if np.count_nonzero(m) < 20:
         return np.nan
-    med, p90 = _median_p90(p[m])
+    med, p90 = prompt_median_p90(w, m)
     long_ = m & (p >= max(4 * med, p90))
     short = m & (p <= med)
     if long_.sum() < 1 or short.sum() < 10:
@@ -235,8 +236,10 @@ def hol_ratio(w):
     # a short request is "behind" a long one if it arrived after the long one and before
     # that long request's first token (i.e. while its prefill ran)
     la, lf = arr[long_], first[long_]
-    order = np.argsort(la)
-    la, lf = la[order], np.maximum.accumulate(lf[order])
+    if not is_sorted(la):  # a window's requests are in arrival order already: no sort then
+        order = np.argsort(la)
+        la, lf = la[order], lf[order]
+    lf = np.maximum.accumulate(lf)
     idx = np.searchsorted(la, arr[short], side="right") - 1
     behind = (idx >= 0) & (lf[np.clip(idx, 0, None)] > arr[short])
     ts = t[short]
@@ -245,6 +248,14 @@ def hol_ratio(w):
     return ratio(median(ts[behind]), median(ts[~behind]))
 
 
-def _median_p90(a: np.ndarray) -> tuple[float, float]:
-    """(np.median, np.percentile 90) of finite values: where a prompt is long."""
-    return median(a), percentiles(a, (90,))[0]
+def prompt_median_p90(w, m: np.ndarray) -> tuple[float, float]:
+    """(np.median, np.percentile 90) of the prompt lengths of the window's requests under ``m``:
+    where a prompt is long. Kept for the last mask (the signals that split short from long
+    prompts usually share one: every request's times known)."""
+    hit = w._cache.get("prompt_median_p90")
+    if hit is not None and np.array_equal(hit[0], m):
+        return hit[1]
+    p = w.r("prompt_tokens")[m]
+    got = median(p), percentiles(p, (90,))[0]
+    w._cache["prompt_median_p90"] = (m, got)
+    return got

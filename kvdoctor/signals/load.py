@@ -196,8 +196,9 @@ def _modes(w) -> dict[str, float] | None:
         k = max(2, int(np.ceil(BIMODAL_MIN_FRAC * n)))
         fast = slow = None
         hit = t <= HIT_BELOW_PREFILL * exp  # False where the prefill speed is unknown
-        if np.isfinite(exp).sum() >= n / 2 and k <= hit.sum() <= n - k:
-            fast, slow = np.flatnonzero(hit), np.flatnonzero(~hit)
+        n_hit = int(np.count_nonzero(hit))
+        if np.count_nonzero(np.isfinite(exp)) >= n / 2 and k <= n_hit <= n - k:
+            fast, slow = hit, ~hit  # masks: a million requests are selected faster by mask than by index
         else:  # no measured prefill speed (or no hits by it): the widest gap in log TTFT
             order = np.argsort(t)
             gaps = np.diff(np.log(t[order]))[k - 1:n - k]  # split after index i: i+1 fast, n-i-1 slow
@@ -206,15 +207,18 @@ def _modes(w) -> dict[str, float] | None:
                 fast, slow = order[:cut + 1], order[cut + 1:]
         if fast is not None:
             t_fast, t_slow = median(t[fast]), median(t[slow])
-            out = {"fast_frac": len(fast) / n, "fast_s": t_fast, "slow_s": t_slow,
+            n_fast = len(fast) if fast.dtype != bool else n_hit
+            out = {"fast_frac": n_fast / n, "fast_s": t_fast, "slow_s": t_slow,
                    "prompt_ratio": ratio(percentile(p[slow], 50), percentile(p[fast], 50)),
                    "slow_over_prefill": ratio(t_slow, percentile(exp[slow], 50)),
                    "fast_over_prefill": ratio(t_fast, percentile(exp[fast], 50)),
                    "conc_slow": percentile(c[slow], 50), "conc_fast": percentile(c[fast], 50)}
             # where the engine reports cached prompt tokens per request, the split must be the cache's
-            share = w.r("cached_prompt_tokens")[m] / np.where(p > 0, p, np.nan)
-            if np.isfinite(share).sum() >= n / 2:
-                out["cached_fast"], out["cached_slow"] = percentile(share[fast], 50), percentile(share[slow], 50)
+            cached = w.r("cached_prompt_tokens")[m]
+            if np.count_nonzero(np.isfinite(cached)) >= n / 2:  # else the share below cannot be either
+                share = cached / np.where(p > 0, p, np.nan)
+                if np.count_nonzero(np.isfinite(share)) >= n / 2:
+                    out["cached_fast"], out["cached_slow"] = percentile(share[fast], 50), percentile(share[slow], 50)
     w._cache[key] = out
     return out
 

@@ -96,8 +96,23 @@ def fit(x: np.ndarray, y: np.ndarray, min_n: int = 8,
         return 0.0, 0.0, n
     xm = x - x.mean()
     slope = float((xm * (y - y.mean())).sum() / (xm * xm).sum())
-    corr = float(np.corrcoef(ranks(x), ranks(y))[0, 1])
+    corr = corrcoef(ranks(x), ranks(y))
     return slope, corr, n
+
+
+def corrcoef(x: np.ndarray, y: np.ndarray) -> float:
+    """``float(np.corrcoef(x, y)[0, 1])`` by numpy's own steps (cov's centring and product,
+    corrcoef's scaling and clip), bit for bit, without its argument handling (~50 us a call,
+    as long as the work itself on a fit's 2,048 pairs)."""
+    X = np.concatenate((x[None, :], y[None, :]), axis=0).astype(np.float64, copy=False)
+    X -= X.mean(axis=1)[:, None]
+    c = np.dot(X, X.T.conj())
+    c *= np.true_divide(1, X.shape[1] - 1)
+    stddev = np.sqrt(np.diag(c).real)
+    c /= stddev[:, None]
+    c /= stddev[None, :]
+    np.clip(c.real, -1, 1, out=c.real)
+    return float(c[0, 1])
 
 
 def split_medians(k: np.ndarray, v: np.ndarray, lo_q: float = 25, hi_q: float = 75,

@@ -1,9 +1,12 @@
 """Per-conversation growth: does each turn get slower as the history (and its KV) grows?"""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .host import contended
+from .quantiles import order_stats
 from .registry import fit, signal, trend_z
 
 MIN_PER_TURN = 3
@@ -28,45 +31,67 @@ def _turn_medians_of(w, column: str) -> tuple[np.ndarray, np.ndarray]:
         m &= ~contended(w)
     n_sessions = w.value("sessions")  # 0 when the capture has no conversation ids
     need = int(min(MIN_PER_TURN, n_sessions)) if n_sessions >= 1 else MIN_PER_TURN
-    if m.sum() < 2 * need:
+    if np.count_nonzero(m) < 2 * need:
         return np.array([]), np.array([])
-    return group_medians(turn[m].astype(np.int64), v[m], need)
+    return group_medians(_turn_groups(w, m), v[m], need)
+
+
+def _turn_groups(w, m: np.ndarray) -> Groups:
+    """The window's requests under ``m`` grouped by turn; kept for the last mask, which the
+    columns of one window usually share (every latency known: the same requests)."""
+    hit = w._cache.get("turn_groups")
+    if hit is not None and np.array_equal(hit[0], m):
+        return hit[1]
+    groups = Groups.of(w.r("turn")[m].astype(np.int64))
+    w._cache["turn_groups"] = (m, groups)
+    return groups
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Integer keys grouped by a stable sort (a radix sort when they span under 2**15)."""
+    order: np.ndarray  # the sort
+    keys: np.ndarray  # each group's key, ascending
+    starts: np.ndarray  # where each group starts in sorted order
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, key: np.ndarray) -> Groups:
+        lo_key = int(key.min())
+        small = key - lo_key
+        if int(key.max()) - lo_key < 2**15:
+            small = small.astype(np.int16)  # numpy sorts 16-bit integers by radix
+        order = np.argsort(small, kind="stable")
+        k_sorted = key[order]
+        starts = np.flatnonzero(np.concatenate(([True], k_sorted[1:] != k_sorted[:-1])))
+        return cls(order, k_sorted[starts], starts, np.diff(np.append(starts, len(k_sorted))))
 
 
 #: group_medians takes one partition per group up to this many groups, else one sort of all values
 MAX_GROUPS_PARTITIONED = 256
 
 
-def group_medians(key: np.ndarray, v: np.ndarray, min_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """(each integer key with at least ``min_count`` values, ascending, as floats; the median of
-    its values). The values are grouped by a stable sort of the keys (a radix sort when they
-    span under 2**16) and each group's middle one or two read by a partition, or, past
+def group_medians(groups: Groups, v: np.ndarray, min_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(each key with at least ``min_count`` values, ascending, as floats; the median of its
+    values): each group's middle one or two read by a partition, or, past
     MAX_GROUPS_PARTITIONED groups, by one sort on (key, value)."""
-    lo_key = int(key.min())
-    span = int(key.max()) - lo_key
-    small = key - lo_key
-    if span < 2**15:
-        small = small.astype(np.int16)  # numpy sorts 16-bit integers by radix
-    order = np.argsort(small, kind="stable")
-    k_sorted, v_sorted = key[order], v[order]
-    starts = np.flatnonzero(np.concatenate(([True], k_sorted[1:] != k_sorted[:-1])))
-    counts = np.diff(np.append(starts, len(k_sorted)))
-    keep = counts >= min_count
-    starts, counts = starts[keep], counts[keep]
+    v_sorted = v[groups.order]
+    keep = groups.counts >= min_count
+    keys, starts, counts = groups.keys[keep], groups.starts[keep], groups.counts[keep]
     lo, hi = (counts - 1) // 2, counts // 2
     if len(starts) > MAX_GROUPS_PARTITIONED:
         # one float key sorts by key, then value (cheaper than lexsort): each group's middle is its median
-        vs = v_sorted
-        vspan = float(vs.max() - vs.min()) or 1.0
-        within = np.argsort(k_sorted + 0.999 * (vs - vs.min()) / vspan, kind="stable")
-        vs = vs[within]
+        k_sorted = np.repeat(groups.keys, groups.counts)
+        vspan = float(v_sorted.max() - v_sorted.min()) or 1.0
+        within = np.argsort(k_sorted + 0.999 * (v_sorted - v_sorted.min()) / vspan, kind="stable")
+        vs = v_sorted[within]
         meds = (vs[starts + lo] + vs[starts + hi]) / 2.0
     else:
         meds = np.empty(len(starts))
         for g, (s0, c, a, b) in enumerate(zip(starts.tolist(), counts.tolist(), lo.tolist(), hi.tolist())):
-            part = np.partition(v_sorted[s0:s0 + c], (a, b)) if c > 1 else v_sorted[s0:s0 + c]
-            meds[g] = (part[a] + part[b]) / 2.0
-    return k_sorted[starts].astype(float), meds
+            v_a, v_b = order_stats(v_sorted[s0:s0 + c], (a, b)) if b > a else order_stats(v_sorted[s0:s0 + c], (a,)) * 2
+            meds[g] = (v_a + v_b) / 2.0
+    return keys.astype(float), meds
 
 
 def _growth_per_turn(w, column: str) -> float:
