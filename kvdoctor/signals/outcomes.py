@@ -74,7 +74,8 @@ def _class_count(w, *names: str) -> float:
 
     if w.n_requests == 0:
         return np.nan
-    return float(np.isin(w.prep.error_code[w.req], class_codes(*names)).sum())
+    codes = w.prep.error_code[w.req]
+    return float(sum(np.count_nonzero(codes == c) for c in class_codes(*names)))  # a compare each (np.isin: ~60 us a call)
 
 
 @signal("context_errors", "count")
