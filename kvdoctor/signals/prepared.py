@@ -77,9 +77,11 @@ class Prepared:
         self.col["context_tokens"] = self.col["prompt_tokens"] + np.nan_to_num(self.col["output_tokens"])
         fin = self.col["finish_s"]
         # finishes in time order (nearly sorted already: timsort is fast), shared by both below
-        self._fin_sorted = np.sort(np.where(np.isnan(fin), np.inf, fin), kind="stable")
+        keyed_fin = np.where(np.isnan(fin), np.inf, fin)
+        self._fin_order = np.argsort(keyed_fin, kind="stable")
+        self._fin_sorted = keyed_fin[self._fin_order]
         self.col["concurrency"] = self._concurrency_at_arrival()
-        self.col["decode_concurrency"] = self.mean_in_flight(self.col["first_token_s"], self.col["finish_s"])
+        self.col["decode_concurrency"] = self._mean_in_flight_decoding()
         self._order = order
         self._session: np.ndarray | None = None
         #: where no request says its conversation and turn but prompts carry block hashes, both are
@@ -175,6 +177,35 @@ class Prepared:
         good = np.isfinite(a) & np.isfinite(b) & (span > 0)
         out = np.full(len(a), np.nan)
         out[good] = (area(b[good]) - area(a[good])) / span[good]
+        return out
+
+    def _mean_in_flight_decoding(self) -> np.ndarray:
+        """mean_in_flight(first token, finish) of every request, the same numbers by fewer lookups:
+        at its own finish, the finishes up to it are its place in the sorted finishes (the end of
+        its run of equal ones), and the arrivals up to it are looked up in finish order, where the
+        lookups run in order (a random one costs twice a sorted one on a million requests)."""
+        a, b = self.col["first_token_s"], self.col["finish_s"]
+        steps = self._in_flight_steps()
+        if steps is None:
+            return np.full(len(a), np.nan)
+        arr, fin, cs_a, cs_f = steps
+
+        def area(t: np.ndarray, na: np.ndarray, nf: np.ndarray) -> np.ndarray:
+            return t * (na - nf) - (cs_a[na] - cs_f[nf])
+
+        n_fin = len(fin)
+        by_fin = self._fin_order[np.isfinite(self._fin_sorted)]  # the requests of ``fin``, in its order
+        last_of_run = np.append(np.flatnonzero(fin[1:] != fin[:-1]), n_fin - 1)
+        nf_b = np.empty(len(b), dtype=np.int64)
+        nf_b[by_fin] = np.repeat(last_of_run + 1, np.diff(np.append(-1, last_of_run)))
+        na_b = np.empty(len(b), dtype=np.int64)
+        na_b[by_fin] = np.searchsorted(arr, fin, side="right")
+        span = b - a
+        good = np.isfinite(a) & np.isfinite(b) & (span > 0)
+        a_g = a[good]
+        na_a, nf_a = np.searchsorted(arr, a_g, side="right"), np.searchsorted(fin, a_g, side="right")
+        out = np.full(len(a), np.nan)
+        out[good] = (area(b[good], na_b[good], nf_b[good]) - area(a_g, na_a, nf_a)) / span[good]
         return out
 
     def _achievable_cached(self, req, order: np.ndarray) -> np.ndarray:
