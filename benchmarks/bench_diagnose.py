@@ -1,19 +1,23 @@
 """Benchmark: `kvdoctor diagnose` on a 1,000,000-request capture.
 
-    python benchmarks/bench_diagnose.py [--requests 1000000] [--keep DIR]
+    python benchmarks/bench_diagnose.py [--requests 1000000] [--keep DIR] [--repeat 3]
 
 Builds a capture with a realistic mix (prompt lengths resampled from the Azure LLM inference
 code trace shipped in tests/data/traces, multi-turn sessions, Poisson arrivals over 24 h,
 latencies from a prefill + bandwidth-shared decode model), then times, each in a fresh
 process: `kvdoctor diagnose --format json` (wall time, peak RSS) and the fastest plain load
 of the same files (pyarrow's JSON reader; orjson line by line for reference) as the floor.
-Targets (2-core machine): diagnose <= 5 s, peak RSS <= 1 GiB, <= 3x the floor.
+Targets (issue 33, an idle 2-core machine, 1M requests): diagnose <= 2.5x the floor measured in
+the same run, peak RSS <= 700 MiB. scripts/test runs it at 100,000 requests after the tests and
+prints the figures (a smoke: timings on a shared CI machine are not asserted).
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,9 +105,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--keep", type=Path, help="build the capture here and keep it")
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each command; the best is reported")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each command, in turn (floor, reference, diagnose, floor, ...); best and median reported")
     args = ap.parse_args()
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="kvd-bench-")) / "cap"
+    scratch = None if args.keep else Path(tempfile.mkdtemp(prefix="kvd-bench-"))
+    try:
+        run(args.keep or scratch / "cap", args)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(folder: Path, args: argparse.Namespace) -> None:
     if not (folder / "meta.json").exists():
         t = time.perf_counter()
         build(folder, args.requests)
@@ -111,18 +124,24 @@ def main() -> None:
               f"({sum(p.stat().st_size for p in folder.glob('*.jsonl')) / 2**20:.0f} MiB)")
     py = sys.executable
     kvd = [str(Path(py).parent / "kvdoctor")]
-    results = {}
-    for name, cmd in [("floor: pyarrow.json", [py, "-c", FLOOR_ARROW, str(folder)]),
-                      ("reference: orjson to dicts", [py, "-c", FLOOR_ORJSON, str(folder)]),
-                      ("kvdoctor diagnose", kvd + ["diagnose", str(folder), "--format", "json"])]:
-        runs = [timed(cmd) for _ in range(args.repeat)]
-        wall = min(r[0] for r in runs)
-        rss = max(r[1] for r in runs)
-        results[name] = (wall, rss)
-        print(f"{name:<26} wall {wall:6.2f} s   peak RSS {rss:7.0f} MiB")
-    d_wall, d_rss = results["kvdoctor diagnose"]
-    floor = results["floor: pyarrow.json"][0]
-    print(f"diagnose / floor = {d_wall / floor:.2f}x (target <= 3x); wall target <= 5 s; RSS target <= 1024 MiB")
+    cmds = {"floor: pyarrow.json": [py, "-c", FLOOR_ARROW, str(folder)],
+            "reference: orjson to dicts": [py, "-c", FLOOR_ORJSON, str(folder)],
+            "kvdoctor diagnose": kvd + ["diagnose", str(folder), "--format", "json"]}
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
+    for _ in range(args.repeat):  # in turn, so a machine that slows down mid-run slows every command alike
+        for name, cmd in cmds.items():
+            runs[name].append(timed(cmd))
+    for name, rs in runs.items():
+        walls = [w for w, _ in rs]
+        print(f"{name:<26} wall {min(walls):6.2f} s (median {statistics.median(walls):.2f})   "
+              f"peak RSS {max(r for _, r in rs):7.0f} MiB")
+    d_walls = [w for w, _ in runs["kvdoctor diagnose"]]
+    f_walls = [w for w, _ in runs["floor: pyarrow.json"]]
+    d_rss = max(r for _, r in runs["kvdoctor diagnose"])
+    print(f"diagnose / floor = {min(d_walls) / min(f_walls):.2f}x best, "
+          f"{statistics.median(d / f for d, f in zip(d_walls, f_walls)):.2f}x median of pairs "
+          f"(target <= 2.5x at 1M requests); peak RSS {d_rss:.0f} MiB (target <= 700 MiB at 1M requests); "
+          f"{args.requests:,} requests")
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
 
 

@@ -45,6 +45,19 @@ def test_unknown_signal_names_file_rule_and_path(tmp_path):
     assert "unknown signal 'ttft_prompt_corelation'" in msg
 
 
+def test_every_shipped_rule_passes_the_schema():
+    """The shipped rules are loaded without the schema check at run time (jsonschema costs a
+    diagnosis ~0.1 s): this is where they are checked, each one."""
+    for path in sorted(builtin_rules_dir().glob("*.yaml")):
+        load_rule(path)  # schema_checked=True: a RuleError names the file and field
+
+
+def test_a_rules_folder_is_schema_checked_even_over_a_shipped_id(tmp_path):
+    p = _rule_file(tmp_path, lambda d: d.__setitem__("severity", "urgent"))
+    with pytest.raises(RuleError, match=r"rule prefill-bound: severity: 'urgent' is not one of"):
+        load_rules([p.parent])
+
+
 def test_schema_error_names_field(tmp_path):
     p = _rule_file(tmp_path, lambda d: d.__setitem__("severity", "urgent"))
     with pytest.raises(RuleError, match=r"rule prefill-bound: severity: 'urgent' is not one of"):

@@ -39,22 +39,25 @@ def _derive(table: pa.Table) -> pa.Table:
         return table.column(name)
 
     def fill(name, expr):
+        """``name`` where known, else ``expr()`` (made only where some row needs it)."""
         nonlocal table
         col = table.column(name)
         if col.null_count == 0:
             return
-        new = pc.coalesce(col, expr)
+        new = pc.coalesce(col, expr())
         table = table.set_column(table.schema.get_field_index(name), name, new)
 
+    def tpot():
+        out_tok = num("output_tokens")
+        decode = pc.max_element_wise(pc.subtract(num("e2e_s"), num("ttft_s")), pa.scalar(0.0), skip_nulls=False)
+        return pc.if_else(pc.greater(out_tok, 1), pc.divide(decode, pc.subtract(out_tok, 1)), pa.scalar(None, pa.float64()))
+
     arrival = num("arrival_s")
-    fill("ttft_s", pc.subtract(num("first_token_s"), arrival))
-    fill("e2e_s", pc.subtract(num("finish_s"), arrival))
-    fill("finish_s", pc.add(arrival, num("e2e_s")))
-    fill("first_token_s", pc.add(arrival, num("ttft_s")))
-    out_tok = num("output_tokens")
-    decode = pc.max_element_wise(pc.subtract(num("e2e_s"), num("ttft_s")), pa.scalar(0.0), skip_nulls=False)
-    tpot = pc.if_else(pc.greater(out_tok, 1), pc.divide(decode, pc.subtract(out_tok, 1)), pa.scalar(None, pa.float64()))
+    fill("ttft_s", lambda: pc.subtract(num("first_token_s"), arrival))
+    fill("e2e_s", lambda: pc.subtract(num("finish_s"), arrival))
+    fill("finish_s", lambda: pc.add(arrival, num("e2e_s")))
+    fill("first_token_s", lambda: pc.add(arrival, num("ttft_s")))
     fill("tpot_s", tpot)
-    fill("status", pc.if_else(pc.is_null(num("error")), pa.scalar("ok"), pa.scalar("error")))
+    fill("status", lambda: pc.if_else(pc.is_null(num("error")), pa.scalar("ok"), pa.scalar("error")))
     return table
 

@@ -74,8 +74,6 @@ def command(capture, fmt, output, fail_on, **kw):
       kvdoctor diagnose cap/ --rules my-rules/ --set prefill-bound.min_corr=0.5
       kvdoctor diagnose --prometheus http://prom:9090 --selector '{job="vllm"}' --since 2h   # a fleet
     """
-    from ..report.summary import full_text, markdown
-
     # --- fleet mode: every instance behind a Prometheus server (docs/fleet.md) ---
     if kw.get("prometheus"):
         if capture:
@@ -92,9 +90,9 @@ def command(capture, fmt, output, fail_on, **kw):
     diag = run_diagnosis(capture, **diagnosis_args(kw))
     if fmt == "json":
         text = orjson.dumps(diag.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
-    elif fmt == "markdown":
-        text = markdown(diag)
-    else:
-        text = full_text(diag)
+    else:  # the text renderers only where text is asked for
+        from ..report.summary import full_text, markdown
+
+        text = markdown(diag) if fmt == "markdown" else full_text(diag)
     write_out(text, output)
     finish([diag], fail_on)

@@ -7,7 +7,6 @@ import click
 import orjson
 
 from ..errors import InputError
-from ..prometheus import fetch_from_options
 from . import params as P
 from .common import check_range, finish, write_out
 
@@ -86,8 +85,10 @@ def fleet_diagnosis(prometheus, selector, since, until, prom_start, prom_end, st
                     objectives, sets, bearer_token, basic_auth, ca_file, insecure, prom_timeout,
                     gpu_selector=None, sidecar_selector=None, bearer_token_file=None, **_unused):
     """Fetch (or replay) and diagnose every instance: the FleetDiagnosis that diagnose and report render."""
+    # fleet mode only: `diagnose CAPTURE` does not import the Prometheus client
     from ..diagnosis import Options
     from ..fleet import diagnose_fleet
+    from ..prometheus import fetch_from_options
     from .attach import read_token
     from .common import load_rules_checked
 

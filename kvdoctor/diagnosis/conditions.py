@@ -12,6 +12,7 @@ against ``slo.NAME`` with no such SLO given is false (no objective, nothing viol
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import re
@@ -131,7 +132,7 @@ def can_hold(cond: Cond, value: Callable[[str], float], slo: dict[str, float]) -
         return not any(math.isnan(value(s)) for s in cond.signals())
     if cond.kind == "not":  # not(unknown) stays unknown: possible only on fully known input
         return all(not math.isnan(value(s)) for s in cond.signals())
-    parts = [can_hold(c, value, slo) for c in cond.children]
+    parts = (can_hold(c, value, slo) for c in cond.children)  # the first decisive child ends it: signals are costly
     return all(parts) if cond.kind == "all" else any(parts)
 
 
@@ -154,9 +155,15 @@ def resolve(rhs: str, value: Callable[[str], float], slo: dict[str, float], para
         return slo.get(rhs[4:])
     if rhs.startswith("param."):
         return params.get(rhs[6:])
-    if re.fullmatch(_NUM, rhs):
-        return float(rhs)
-    return value(rhs)
+    number = _constant(rhs)
+    return number if number is not None else value(rhs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _constant(rhs: str) -> float | None:
+    """The number a right-hand side spells, else None (a signal): read once per text, not at
+    every evaluation (a diagnosis evaluates ~10,000 leaves)."""
+    return float(rhs) if re.fullmatch(_NUM, rhs) else None
 
 
 def leaves(cond: Cond) -> list[Leaf]:

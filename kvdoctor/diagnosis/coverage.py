@@ -120,6 +120,8 @@ def not_evaluated(w: Window, rules: list[Rule], fired: set[str], slo: dict[str, 
         if w.n_requests < rule.min_requests:
             out.append(NotEvaluated(rule.id, (), (f"at least {rule.min_requests} requests; has {w.n_requests}",)))
             continue
+        if not rule.when.signals() & SOURCE_NEEDS.keys():
+            continue  # none of its signals stands for a source: whatever it lacks, it is not listed (below)
         if C.can_hold(rule.when, w.value, slo):
             continue
         missing = tuple(m for m in C.unknown_signals(rule.when, w.value, slo, rule.params) if m in SOURCE_NEEDS)

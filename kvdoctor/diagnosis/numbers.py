@@ -12,6 +12,7 @@ from ..numeric import json_number
 from ..objectives import Objective
 from ..signals import REGISTRY, Window
 from ..signals.harm import readings
+from ..signals.quantiles import percentiles
 
 #: (key, label, request column) of the latency rows
 LATENCIES = (("ttft", "TTFT", "ttft_s"), ("tpot", "TPOT", "tpot_s"), ("itl", "ITL", None), ("e2e", "E2E", "e2e_s"))
@@ -68,8 +69,10 @@ def key_numbers(w: Window, objectives: Iterable[Objective]) -> KeyNumbers:
         else:
             v = w.r(col)
         v = v[np.isfinite(v)]
-        lat[key] = {q: (float(np.percentile(v, q)) if len(v) >= MIN_REQUESTS else w.value(f"{key}_p{q}_s")
-                        if f"{key}_p{q}_s" in REGISTRY else float("nan")) for q in QUANTILES}
+        if len(v) >= MIN_REQUESTS:
+            lat[key] = dict(zip(QUANTILES, percentiles(v, QUANTILES)))
+        else:
+            lat[key] = {q: w.value(f"{key}_p{q}_s") if f"{key}_p{q}_s" in REGISTRY else float("nan") for q in QUANTILES}
     by_signal = {r.signal: r for r in readings(w)}
     checks = []
     for o in objectives:

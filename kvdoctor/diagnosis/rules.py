@@ -11,7 +11,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-import jsonschema
 import yaml
 
 from ..errors import InputError, RuleError
@@ -189,6 +188,20 @@ def builtin_rules_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "rules"
 
 
+def check_schema(path: Path, rule_id: str, raw: Any) -> None:
+    """RuleError (located) at the first place the rule file breaks the rule schema."""
+    import jsonschema
+
+    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        msg = e.message if len(e.message) < 200 else e.message[:200] + "..."
+        if e.validator == "enum" and list(e.absolute_path)[:1] == ["charts"]:
+            msg = f"unknown chart {e.instance!r}; known: {', '.join(chart_ids())}"
+        raise _fail(path, rule_id, where, f"{msg}; see kvdoctor/schema/rule.schema.json")
+
+
 def _fail(path: Path, rule_id: str, where: str, message: str) -> RuleError:
     return RuleError(f"{path}: rule {rule_id}: {where}: {message}")
 
@@ -251,17 +264,14 @@ def _expanded_nodes(path: Path, node: yaml.Node, depth: int, done: dict[int, int
     return n
 
 
-def load_rule(path: Path, overrides: dict[str, float] | None = None) -> Rule:
+def load_rule(path: Path, overrides: dict[str, float] | None = None, *, schema_checked: bool = True) -> Rule:
+    """A rule file as a Rule. ``schema_checked=False`` for the shipped rules only: the test suite
+    checks each against the schema (tests/test_rules.py), and jsonschema costs a diagnosis ~0.1 s
+    to import and run; a rule from a --rules folder is always checked."""
     raw = read_rule_yaml(path)
     rule_id = raw.get("id", path.stem) if isinstance(raw, dict) else path.stem
-    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(raw), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        msg = e.message if len(e.message) < 200 else e.message[:200] + "..."
-        if e.validator == "enum" and list(e.absolute_path)[:1] == ["charts"]:
-            msg = f"unknown chart {e.instance!r}; known: {', '.join(chart_ids())}"
-        raise _fail(path, rule_id, where, f"{msg}; see kvdoctor/schema/rule.schema.json")
+    if schema_checked:
+        check_schema(path, rule_id, raw)
     if raw["id"] != path.stem:
         raise _fail(path, rule_id, "id", f"must match the file name ({path.stem!r}): one rule a file, named by its id")
     params = dict(raw.get("params") or {})
@@ -341,7 +351,7 @@ def _in_effect(fix: dict, i: int, cond) -> dict | None:
 
 @lru_cache(maxsize=None)
 def _builtin_rule(rule_id: str) -> Rule:
-    return load_rule(builtin_rules_dir() / f"{rule_id}.yaml")
+    return load_rule(builtin_rules_dir() / f"{rule_id}.yaml", schema_checked=False)
 
 
 def builtin_params(rule_id: str) -> dict[str, float]:
@@ -366,13 +376,14 @@ def load_rules(extra_dirs: list[Path] | tuple[Path, ...] = (), overrides: dict[s
                include_builtin: bool = True) -> list[Rule]:
     """Shipped rules plus each ``--rules DIR``; a later rule with the same id replaces one before."""
     overrides = overrides or {}
-    dirs = ([builtin_rules_dir()] if include_builtin else []) + [Path(d) for d in extra_dirs]
+    builtin = builtin_rules_dir()
+    dirs = ([builtin] if include_builtin else []) + [Path(d) for d in extra_dirs]
     by_id: dict[str, Rule] = {}
     for d in dirs:
         if not d.is_dir():
             raise RuleError(f"{d}: no such rules folder; expected a folder of *.yaml rule files")
         for path in sorted(d.glob("*.yaml")):
-            rule = load_rule(path, overrides.get(path.stem))
+            rule = load_rule(path, overrides.get(path.stem), schema_checked=d != builtin)
             by_id[rule.id] = rule
     unknown = set(overrides) - set(by_id)
     if unknown:

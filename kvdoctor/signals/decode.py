@@ -17,9 +17,11 @@ GPU_MEM_UTIL_FRAC = 0.9
 
 def _hardware(prep):
     """(weight bytes, KV bytes per token, peak bandwidth, GPU memory) from the capture's
-    model and GPU names and the plan tables; None when either is unknown."""
-    if "_decode_hw" in prep.__dict__:
-        return prep.__dict__["_decode_hw"]
+    model and GPU names and the plan tables; None when either is unknown. Once per capture."""
+    return prep.memoised("decode_hardware", lambda: _hardware_of(prep))
+
+
+def _hardware_of(prep):
     from ..errors import InputError
     from ..plan import kvmodel as km
     from ..plan.models import builtin_model, gpu_bandwidth
@@ -41,7 +43,6 @@ def _hardware(prep):
                 out = (weight_bytes(spec) / tp, km.kv_bytes_per_token(spec, dtype, tp), hw[2], hw[1])
         except (InputError, ValueError, TypeError):
             out = None
-    prep.__dict__["_decode_hw"] = out
     return out
 
 
@@ -100,17 +101,27 @@ def prefill_interference(w):
     stretch exactly the requests that overlap them."""
     key = "prefill_interference"
     if key not in w._cache:
-        prep = w.prep
-        prompt = np.nan_to_num(prep.col["prompt_tokens"])
-        cum = np.concatenate([[0.0], np.cumsum(prompt)])
-        t = prep.t
+        prompt_cum = _prompt_tokens_arrived(w.prep)
         first, fin = w.r("first_token_s"), w.r("finish_s")
         out_tok = w.r("output_tokens")
         ok = np.isfinite(first) & np.isfinite(fin) & (out_tok > 1)
         x = np.full(w.n_requests, np.nan)
-        if ok.any() and np.all(np.diff(t[np.isfinite(t)]) >= 0):
+        if ok.any() and prompt_cum is not None:
+            t = w.prep.t
             lo = np.searchsorted(t, first[ok], side="right")
             hi = np.searchsorted(t, fin[ok], side="right")
-            x[ok] = (cum[hi] - cum[lo]) / (out_tok[ok] - 1)
+            x[ok] = (prompt_cum[hi] - prompt_cum[lo]) / (out_tok[ok] - 1)
         w._cache[key] = fit(x, w.r("tpot_s"), min_spread_frac=FIT_MIN_X_SPREAD_FRAC)
     return w._cache[key][1]
+
+
+def _prompt_tokens_arrived(prep) -> np.ndarray | None:
+    """Prompt tokens of the requests that arrived before each one (a prefix sum in arrival order,
+    with a leading 0), once per capture; None when the arrival times are not in order."""
+    def build():
+        t = prep.t
+        if not np.all(np.diff(t[np.isfinite(t)]) >= 0):
+            return None
+        return np.concatenate([[0.0], np.cumsum(np.nan_to_num(prep.col["prompt_tokens"]))])
+
+    return prep.memoised("prompt_tokens_arrived", build)

@@ -18,10 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import is_sorted
+from .latency import prompt_median_p90
+from .quantiles import median, percentiles
 from .registry import FIT_MIN_X_SPREAD_FRAC, fit, percentile, ratio, signal
 
-#: gaps kept for the table (a stride over each request's gaps beyond it): the overlap is a loop
-#: over requests with a vector over gaps, so its cost stays linear in traffic
+#: gaps kept for the table (a stride over each request's gaps beyond it): the (prefill, gap)
+#: pairs the overlap weighs grow with gaps x concurrent prefills, so they stay bounded
 MAX_GAPS = 200_000
 #: a request's own gaps it needs before its median step is a baseline
 MIN_GAPS_PER_REQUEST = 4
@@ -52,13 +55,7 @@ def prefill_windows(prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def gap_table(prep) -> GapTable | None:
     """The capture's decode gaps with the prefill tokens they overlap; None without per-request
     ITL lists or arrival times (nothing to align the gaps with)."""
-    if "_gap_table" in prep.__dict__:
-        return prep.__dict__["_gap_table"]
-    out = None
-    if prep.itl is not None and prep.arrivals_known:
-        out = _build(prep)
-    prep.__dict__["_gap_table"] = out
-    return out
+    return prep.memoised("gap_table", lambda: _build(prep) if prep.itl is not None and prep.arrivals_known else None)
 
 
 def _build(prep) -> GapTable | None:
@@ -93,26 +90,48 @@ def _build(prep) -> GapTable | None:
     exc = gap - np.repeat(med, n)
     t0 = t1 - gap
     start, end, tokens = prefill_windows(prep)
+    tok_in_gap, tok_max = _prefill_tokens_in_gaps(row, t0, t1, gap, start, end, tokens)
+    by_row = np.argsort(row, kind="stable")
+    return GapTable(row[by_row], gap[by_row], exc[by_row], tok_in_gap[by_row], tok_max[by_row])
+
+
+#: (prefill, gap) pairs _prefill_tokens_in_gaps handles at once: ~50 MB of index arrays at most
+MAX_PAIRS = 1 << 20
+
+
+def _prefill_tokens_in_gaps(row, t0, t1, gap, start, end, tokens) -> tuple[np.ndarray, np.ndarray]:
+    """Per gap [t0, t1] of request ``row``: the prompt tokens other requests' prefills put inside
+    it (each prompt spread over its window [start, end]) and the longest of those prompts. Every
+    (prefill, gap that may overlap it) pair at once, prefill by prefill in arrival order as
+    batches of pairs: a gap's tokens add up in the order a loop over prefills would add them."""
     tok_in_gap = np.zeros(len(gap))
     tok_max = np.zeros(len(gap))
     ok = np.flatnonzero(np.isfinite(start) & np.isfinite(end) & (end > start) & (tokens > 0))
+    if not len(ok) or not len(gap):
+        return tok_in_gap, tok_max
     order_t0 = np.argsort(t0, kind="stable")
     s0 = t0[order_t0]
-    max_gap = float(gap.max()) if len(gap) else 0.0
-    for j in ok:
-        # gaps overlapping [start, end]: they begin before `end` and no earlier than start - max_gap
-        lo = np.searchsorted(s0, start[j] - max_gap, side="left")
-        hi = np.searchsorted(s0, end[j], side="left")
-        if hi <= lo:
-            continue
-        idx = order_t0[lo:hi]
-        idx = idx[row[idx] != j]  # a request's own prefill ends before its first gap
+    max_gap = float(gap.max())
+    # gaps overlapping [start, end]: they begin before `end` and no earlier than start - max_gap
+    lo = np.searchsorted(s0, start[ok] - max_gap, side="left")
+    count = np.maximum(np.searchsorted(s0, end[ok], side="left") - lo, 0)
+    ends = np.cumsum(count)
+    b0 = 0
+    while b0 < len(ok):  # batches of prefills, each up to MAX_PAIRS pairs (or one prefill's)
+        b1 = max(int(np.searchsorted(ends, (ends[b0 - 1] if b0 else 0) + MAX_PAIRS, side="right")), b0 + 1)
+        c = count[b0:b1]
+        j = np.repeat(ok[b0:b1], c)
+        first_pair = np.repeat(np.cumsum(c) - c, c)
+        idx = order_t0[np.repeat(lo[b0:b1], c) + (np.arange(len(j)) - first_pair)]
+        mine = row[idx] != j  # a request's own prefill ends before its first gap
+        idx, j = idx[mine], j[mine]
         overlap = np.minimum(t1[idx], end[j]) - np.maximum(t0[idx], start[j])
         pos = overlap > 0
-        tok_in_gap[idx[pos]] += tokens[j] * overlap[pos] / (end[j] - start[j])
-        tok_max[idx[pos]] = np.maximum(tok_max[idx[pos]], tokens[j])
-    by_row = np.argsort(row, kind="stable")
-    return GapTable(row[by_row], gap[by_row], exc[by_row], tok_in_gap[by_row], tok_max[by_row])
+        idx, j, overlap = idx[pos], j[pos], overlap[pos]
+        np.add.at(tok_in_gap, idx, tokens[j] * overlap / (end[j] - start[j]))
+        np.maximum.at(tok_max, idx, tokens[j])
+        b0 = b1
+    return tok_in_gap, tok_max
 
 
 def window_gaps(w) -> GapTable | None:
@@ -213,7 +232,7 @@ def long_overlap_over_plain(w):
     uncached = tokens[w.req][np.isfinite(w.r("prompt_tokens"))]
     if len(uncached) < 5:
         return float("nan")
-    p50, p90 = np.percentile(uncached, [50, 90])
+    p50, p90 = percentiles(uncached, (50, 90))
     long_, plain = g.prompt_max_tokens >= max(4 * p50, p90), ~_hit(g)
     if long_.sum() < 5 or plain.sum() < 5:
         return float("nan")
@@ -230,21 +249,24 @@ def short_tpot_long(w):
     p, tpot = w.r("prompt_tokens"), w.r("tpot_s")
     arr, first, fin = w.prep.t[w.req], w.r("first_token_s"), w.r("finish_s")
     m = np.isfinite(p) & np.isfinite(arr) & np.isfinite(fin)
-    if m.sum() < 20:
+    if np.count_nonzero(m) < 20:
         return float("nan")
-    med = float(np.median(p[m]))
-    long_ = m & (p >= max(4 * med, float(np.percentile(p[m], 90))))
+    med, p90 = prompt_median_p90(w, m)
+    long_ = m & (p >= max(4 * med, p90))
     short = m & (p <= med) & np.isfinite(tpot) & np.isfinite(first)
     if long_.sum() < 1 or short.sum() < 10:
         return float("nan")
     # a short decode [first, fin] overlaps a long flight [la, lf] when some long one began before
     # the decode ended and was still in flight after it began: among longs sorted by start, the
     # latest end of those starting before `fin` must exceed `first`
-    order = np.argsort(arr[long_], kind="stable")
-    la, lf = arr[long_][order], np.maximum.accumulate(fin[long_][order])
+    la, lf = arr[long_], fin[long_]
+    if not is_sorted(la):  # a window's requests are in arrival order already: no sort then
+        order = np.argsort(la, kind="stable")
+        la, lf = la[order], lf[order]
+    lf = np.maximum.accumulate(lf)
     idx = np.searchsorted(la, fin[short], side="left") - 1
     hit = (idx >= 0) & (lf[np.clip(idx, 0, None)] > first[short])
     t = tpot[short]
     if hit.sum() < 3 or (~hit).sum() < 3:
         return float("nan")
-    return ratio(float(np.median(t[hit])), float(np.median(t[~hit])))
+    return ratio(median(t[hit]), median(t[~hit]))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import is_sorted
+from .quantiles import median, percentiles
 from .registry import fit, percentile, ratio, signal, split_medians
 
 MIN_REQUESTS = 5
@@ -224,21 +226,36 @@ def hol_ratio(w):
     p, t = w.r("prompt_tokens"), w.r("ttft_s")
     arr, first = w.prep.t[w.req], w.r("first_token_s")
     m = np.isfinite(p) & np.isfinite(t) & np.isfinite(first)
-    if m.sum() < 20:
+    if np.count_nonzero(m) < 20:
         return np.nan
-    med = np.median(p[m])
-    long_ = m & (p >= max(4 * med, np.percentile(p[m], 90)))
+    med, p90 = prompt_median_p90(w, m)
+    long_ = m & (p >= max(4 * med, p90))
     short = m & (p <= med)
     if long_.sum() < 1 or short.sum() < 10:
         return np.nan
     # a short request is "behind" a long one if it arrived after the long one and before
     # that long request's first token (i.e. while its prefill ran)
     la, lf = arr[long_], first[long_]
-    order = np.argsort(la)
-    la, lf = la[order], np.maximum.accumulate(lf[order])
+    if not is_sorted(la):  # a window's requests are in arrival order already: no sort then
+        order = np.argsort(la)
+        la, lf = la[order], lf[order]
+    lf = np.maximum.accumulate(lf)
     idx = np.searchsorted(la, arr[short], side="right") - 1
     behind = (idx >= 0) & (lf[np.clip(idx, 0, None)] > arr[short])
     ts = t[short]
     if behind.sum() < 3 or (~behind).sum() < 3:
         return np.nan
-    return ratio(float(np.median(ts[behind])), float(np.median(ts[~behind])))
+    return ratio(median(ts[behind]), median(ts[~behind]))
+
+
+def prompt_median_p90(w, m: np.ndarray) -> tuple[float, float]:
+    """(np.median, np.percentile 90) of the prompt lengths of the window's requests under ``m``:
+    where a prompt is long. Kept for the last mask (the signals that split short from long
+    prompts usually share one: every request's times known)."""
+    hit = w._cache.get("prompt_median_p90")
+    if hit is not None and np.array_equal(hit[0], m):
+        return hit[1]
+    p = w.r("prompt_tokens")[m]
+    got = median(p), percentiles(p, (90,))[0]
+    w._cache["prompt_median_p90"] = (m, got)
+    return got

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .quantiles import median
 from .registry import percentile, ratio, signal
 
 #: the baseline is the least-loaded share of requests (at least MIN_BASELINE of them)
@@ -33,10 +34,7 @@ HIT_BELOW_PREFILL = 0.5
 def _arrivals_known(prep) -> bool:
     """Whether the capture has send times: without them there is no load to judge (the
     window's time axis is then finish times or file order)."""
-    got = prep.__dict__.get("_arrivals_known")
-    if got is None:
-        got = prep.__dict__["_arrivals_known"] = bool(np.isfinite(prep.cap.requests.num("arrival_s")).any())
-    return got
+    return prep.memoised("arrivals_known", lambda: bool(np.isfinite(prep.cap.requests.num("arrival_s")).any()))
 
 
 def _least_loaded(load: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -46,7 +44,7 @@ def _least_loaded(load: np.ndarray, ok: np.ndarray) -> np.ndarray:
     if m.sum() < MIN_BASELINE:
         return np.array([], dtype=np.int64)
     k = max(MIN_BASELINE, int(np.ceil(BASELINE_FRAC * m.sum())))
-    cut = np.sort(load[m])[k - 1]
+    cut = np.partition(load[m], k - 1)[k - 1]  # the k-th least load (no full sort)
     return np.flatnonzero(m & (load <= cut))
 
 
@@ -55,9 +53,10 @@ def _baseline(prep) -> dict[str, float]:
     TTFT from the requests that arrived with the fewest in flight, TPOT from those that
     decoded beside the fewest; a run loaded from its first request gets a loaded baseline, so
     the ratios against it understate, never overstate, a slowdown."""
-    got = prep.__dict__.get("_low_load")
-    if got is not None:
-        return got
+    return prep.memoised("low_load_baseline", lambda: _low_load(prep))
+
+
+def _low_load(prep) -> dict[str, float]:
     ok = ~prep.is_error & _arrivals_known(prep)
     out: dict[str, float] = {}
     idx = _least_loaded(prep.col["concurrency"], ok & np.isfinite(prep.col["ttft_s"]))
@@ -77,7 +76,6 @@ def _baseline(prep) -> dict[str, float]:
     out_tok = float(np.mean(gen[np.isfinite(gen)])) if np.isfinite(gen).any() else np.nan
     if np.isfinite(out_tok):  # the mean request's time in the system, unloaded (Little's law takes means)
         out["e2e_s"] = out.get("ttft_s", np.nan) + max(out_tok - 1, 0) * out.get("tpot_s", np.nan)
-    prep.__dict__["_low_load"] = out
     return out
 
 
@@ -145,7 +143,7 @@ def inflight_over_littles_law(w):
     a, b, arr = _arrival_span(w)
     if not np.isfinite(a) or b <= a:
         return np.nan
-    area = w.prep._mean_in_flight(np.array([a]), np.array([b]))[0]
+    area = w.prep.mean_in_flight(np.array([a]), np.array([b]))[0]
     rate = (len(arr) - 1) / (b - a)
     return ratio(area, rate * _base(w, "e2e_s"))
 
@@ -177,7 +175,7 @@ def ttft_late_over_early(w):
     span_e, span_l = arr[q - 1] - arr[0], arr[-1] - arr[len(arr) - q]
     if span_e <= 0 or span_l <= 0 or not (1 / 1.5 <= span_e / span_l <= 1.5):
         return np.nan  # arrivals sped up or slowed down: a rising TTFT could be the new load
-    return ratio(float(np.median(ttft[late])), float(np.median(ttft[early])))
+    return ratio(median(ttft[late]), median(ttft[early]))
 
 
 def _modes(w) -> dict[str, float] | None:
@@ -198,8 +196,9 @@ def _modes(w) -> dict[str, float] | None:
         k = max(2, int(np.ceil(BIMODAL_MIN_FRAC * n)))
         fast = slow = None
         hit = t <= HIT_BELOW_PREFILL * exp  # False where the prefill speed is unknown
-        if np.isfinite(exp).sum() >= n / 2 and k <= hit.sum() <= n - k:
-            fast, slow = np.flatnonzero(hit), np.flatnonzero(~hit)
+        n_hit = int(np.count_nonzero(hit))
+        if np.count_nonzero(np.isfinite(exp)) >= n / 2 and k <= n_hit <= n - k:
+            fast, slow = hit, ~hit  # masks: a million requests are selected faster by mask than by index
         else:  # no measured prefill speed (or no hits by it): the widest gap in log TTFT
             order = np.argsort(t)
             gaps = np.diff(np.log(t[order]))[k - 1:n - k]  # split after index i: i+1 fast, n-i-1 slow
@@ -207,15 +206,19 @@ def _modes(w) -> dict[str, float] | None:
                 cut = k - 1 + int(np.argmax(gaps))
                 fast, slow = order[:cut + 1], order[cut + 1:]
         if fast is not None:
-            out = {"fast_frac": len(fast) / n, "fast_s": float(np.median(t[fast])), "slow_s": float(np.median(t[slow])),
+            t_fast, t_slow = median(t[fast]), median(t[slow])
+            n_fast = len(fast) if fast.dtype != bool else n_hit
+            out = {"fast_frac": n_fast / n, "fast_s": t_fast, "slow_s": t_slow,
                    "prompt_ratio": ratio(percentile(p[slow], 50), percentile(p[fast], 50)),
-                   "slow_over_prefill": ratio(float(np.median(t[slow])), percentile(exp[slow], 50)),
-                   "fast_over_prefill": ratio(float(np.median(t[fast])), percentile(exp[fast], 50)),
+                   "slow_over_prefill": ratio(t_slow, percentile(exp[slow], 50)),
+                   "fast_over_prefill": ratio(t_fast, percentile(exp[fast], 50)),
                    "conc_slow": percentile(c[slow], 50), "conc_fast": percentile(c[fast], 50)}
             # where the engine reports cached prompt tokens per request, the split must be the cache's
-            share = w.r("cached_prompt_tokens")[m] / np.where(p > 0, p, np.nan)
-            if np.isfinite(share).sum() >= n / 2:
-                out["cached_fast"], out["cached_slow"] = percentile(share[fast], 50), percentile(share[slow], 50)
+            cached = w.r("cached_prompt_tokens")[m]
+            if np.count_nonzero(np.isfinite(cached)) >= n / 2:  # else the share below cannot be either
+                share = cached / np.where(p > 0, p, np.nan)
+                if np.count_nonzero(np.isfinite(share)) >= n / 2:
+                    out["cached_fast"], out["cached_slow"] = percentile(share[fast], 50), percentile(share[slow], 50)
     w._cache[key] = out
     return out
 

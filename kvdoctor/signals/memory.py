@@ -182,6 +182,8 @@ def kv_frag(w):
     means blocks are held but not filled (fragmentation, leaked or oversized blocks)."""
     used = w.value("kv_usage_p50_frac")
     cap = w.value("kv_capacity_tokens")
+    if np.isnan(used) or np.isnan(cap):  # unknown whatever the demand (engine metrics absent)
+        return np.nan
     conc = w.value("concurrency_p50")
     ctx = w.pct("context_tokens", 50)
     return ratio(used, ratio(conc * ctx, cap))

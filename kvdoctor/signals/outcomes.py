@@ -74,7 +74,8 @@ def _class_count(w, *names: str) -> float:
 
     if w.n_requests == 0:
         return np.nan
-    return float(np.isin(w.prep.error_code[w.req], class_codes(*names)).sum())
+    codes = w.prep.error_code[w.req]
+    return float(sum(np.count_nonzero(codes == c) for c in class_codes(*names)))  # a compare each (np.isin: ~60 us a call)
 
 
 @signal("context_errors", "count")
@@ -142,7 +143,10 @@ def error_burst(w):
     m = np.isfinite(t)
     if m.sum() < 5:
         return np.nan
-    b = ((t[m] - t[m].min()) // 60).astype(np.int64)
+    since = t[m] - t[m].min()
+    b = np.floor(since / 60)
+    b -= b * 60 > since  # floor division exactly (a quotient rounded up to a whole minute goes back), ~10x faster than //
+    b = b.astype(np.int64)
     n = np.bincount(b)
     e = np.bincount(b, weights=err[m].astype(float))
     ok = n >= 5

@@ -114,13 +114,24 @@ class Window:
         return [e for e in evs if kind is None or e.get("kind") == kind]
 
     def itl_values(self) -> np.ndarray:
+        """Every inter-token gap of the window's requests (streams read in bursts left out), in
+        arrival order; gathered at once and kept for the window's later callers."""
+        got = self._cache.get("itl_values")
+        if got is None:
+            got = self._cache["itl_values"] = self._itl_values()
+        return got
+
+    def _itl_values(self) -> np.ndarray:
         if self.prep.itl is None:
             return np.array([])
         offsets, values, order = self.prep.itl
         rows = order[self.req][~self.prep.read_late[self.req]]
         if len(rows) == 0:
             return np.array([])
-        return np.concatenate([values[offsets[i]:offsets[i + 1]] for i in rows])
+        starts = offsets[rows]
+        lengths = offsets[rows + 1] - starts
+        # each row's gaps in turn: position within the concatenation minus where the row starts in it
+        return values[np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))]
 
     def pct(self, column: str, q: float, min_n: int = 1) -> float:
         """Percentile (numpy's linear method) of a request column; the column is sorted once

@@ -103,12 +103,9 @@ def slo_to_draw(diag: Diagnosis) -> tuple[dict[str, float], set[str]]:
 
 
 def whole(prep: Prepared, diag: Diagnosis):
-    """The whole-capture window, one per Prepared, so charts share its memoised signals."""
-    w = getattr(prep, "_kvd_report_whole", None)
-    if w is None or (w.t0, w.t1) != (diag.start_s, diag.end_s):
-        w = prep.window(diag.start_s, diag.end_s)
-        prep._kvd_report_whole = w
-    return w
+    """The whole-capture window, one per Prepared (Prepared.window keeps it), so charts share its
+    memoised signals with the diagnosis."""
+    return prep.window(diag.start_s, diag.end_s)
 
 
 def readings(w, names_units: tuple[tuple[str, str], ...], keep_zero: bool = True) -> list[str]:
