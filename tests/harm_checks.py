@@ -11,7 +11,7 @@ from kvdoctor.diagnosis import Options, diagnose
 from kvdoctor.objectives import parse_slo
 
 
-def skip_unless_client_met_objectives(timings) -> None:
+def skip_unless_client_met_objectives(timings, tpot_s: float = 0.1) -> None:
     """The premise of a healthy run, from the client's own timings: the light load met the default
     objectives (TTFT P99 2 s, TPOT P99 100 ms). A host busy with other work can break them for
     real, and then paging is right: the test skips, saying what the client saw. Read as the
@@ -29,24 +29,28 @@ def skip_unless_client_met_objectives(timings) -> None:
     def broken(v, target):
         return int((v > target).sum()) > max(1, 0.01 * len(v))
 
-    if broken(ttft, 2.0) or broken(tpot, 0.1):
+    if broken(ttft, 2.0) or broken(tpot, tpot_s):
         pytest.skip(f"the host was too busy for a light load to be healthy: the client saw TTFT P99 {ttft99:.2f} s, "
-                    f"TPOT P99 {tpot99 * 1e3:.0f} ms (objectives 2 s, 100 ms); kvdoctor paging is then right")
+                    f"TPOT P99 {tpot99 * 1e3:.0f} ms (objectives 2 s, {tpot_s * 1e3:.0f} ms); kvdoctor paging is then right")
 
 
-def check_healthy_mixed(out, timings) -> None:
+def check_healthy_mixed(out, timings, tpot_slo_s: float | None = None) -> None:
     """No warning or critical; a shape rule may be said as an observation. And the same capture
-    against a stated objective below what it did must page, with that objective first."""
+    against a stated objective below what it did must page, with that objective first.
+    ``tpot_slo_s``: the deployment's stated TPOT P99 objective (--slo), where the hardware cannot
+    meet the chat default's 100 ms even for one user (vLLM in float32 on an AVX2-only CPU decodes
+    one stream at 65-90 ms a token): a light load is healthy against what its operator states."""
 
     ok = [t for t in timings if t.status == "ok"]
     assert len(ok) == len(timings), "every request of the light load succeeds"
-    skip_unless_client_met_objectives(timings)
-    diag = diagnose(kvdoctor.load(out))
+    skip_unless_client_met_objectives(timings, tpot_slo_s or 0.1)
+    stated = [f"tpot_p99={tpot_slo_s * 1000:.0f}ms"] if tpot_slo_s else []
+    diag = diagnose(kvdoctor.load(out), options=Options(slo=parse_slo(stated)) if stated else None)
     report = json.dumps(diag.to_json()["incidents"], indent=1)[:3000]
     assert not pages(diag), f"a healthy server at light load must page nobody:\n{report}"
     ttft = sorted(t.ttft_s for t in ok)
     target = ttft[len(ttft) // 2]  # the median: half the requests break it
-    strict = diagnose(kvdoctor.load(out), options=Options(slo=parse_slo([f"ttft_p99={target * 1000:.0f}ms"])))
+    strict = diagnose(kvdoctor.load(out), options=Options(slo=parse_slo([*stated, f"ttft_p99={target * 1000:.0f}ms"])))
     first = pages(strict)[0]
     assert first.symptom == "ttft" and first.breaches and first.breaches[0].objective.stated, strict.to_json()
     assert first.severity == "critical"  # half over a P99's 1% budget: a burn rate of ~50

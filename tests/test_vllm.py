@@ -368,7 +368,9 @@ class TestMainServer:
         from harm_checks import check_healthy_mixed
 
         out, timings = run_scenario(runs, main, "healthy-mixed")
-        check_healthy_mixed(out, timings)
+        # against a CPU deployment's stated TPOT objective: float32 vLLM on an AVX2-only EPYC
+        # decodes two light users at TPOT P99 ~150 ms, over the chat default for real
+        check_healthy_mixed(out, timings, tpot_slo_s=0.25 if main.dtype == "float32" else None)
 
     def test_ramp_onset_is_where_the_queue_formed(self, main, runs):
         """Issue 31: one user, then twelve on vLLM's four sequences: the incident starts where the
