@@ -91,10 +91,16 @@ class GaugeWatch:
         return np.array(self.rows, dtype=float).reshape(-1, 1 + len(self.names))
 
 
-def check_named(out, timings, name, diag=None):
+def check_named(out, timings, name, diag=None, tpot_slo_s=None):
     """The expected rule is a top cause, nothing unrelated fires, and the capture's TTFT is the client's.
-    ``diag``: the capture's diagnosis, where the caller has it already."""
+    ``diag``: the capture's diagnosis, where the caller has it already. ``tpot_slo_s``: a stated
+    TPOT P99 objective a healthy run is judged against (harm_checks.check_healthy_mixed)."""
     expect = S.SCENARIOS[name].expect
+    if tpot_slo_s:
+        from kvdoctor.diagnosis import Options
+        from kvdoctor.objectives import parse_slo
+
+        diag = diagnose(kvdoctor.load(out), options=Options(slo=parse_slo([f"tpot_p99={tpot_slo_s * 1000:.0f}ms"])))
     diag = diag or diagnose(kvdoctor.load(out))
     tops = cause_tops(diag)  # causes; objective-* rules say an objective broke, not why
     fired = causes_fired(diag)
@@ -102,7 +108,7 @@ def check_named(out, timings, name, diag=None):
     if expect is None:
         from harm_checks import skip_unless_client_met_objectives
 
-        skip_unless_client_met_objectives(timings)
+        skip_unless_client_met_objectives(timings, tpot_slo_s or 0.1)
         assert not pages(diag), f"{name} should raise no incident:\n{report}"
     else:
         assert expect in tops, f"{name}: expected {expect} as a top cause, got {tops}:\n{report}"
@@ -387,7 +393,10 @@ class TestMainServer:
         diag = diagnose(kvdoctor.load(out))
         if name == "multi-turn":
             expect_turn_growth(diag, timings)
-        diag = check_named(out, timings, name, diag)
+        # a healthy run against a CPU deployment's stated TPOT objective where vLLM runs in float32
+        # (one stream decodes at 65-90 ms a token there: the chat default's 100 ms is at its edge)
+        diag = check_named(out, timings, name, diag,
+                           tpot_slo_s=0.25 if name == "prefix-cache-on" and main.dtype == "float32" else None)
         if name == "saturation":
             ev = evidence(cause(diag, "queueing-saturation"))
             # the queue time is vLLM's own histogram (the proxy cannot see queueing inside vLLM)
