@@ -31,10 +31,11 @@ from harness import loadgen
 from harness import scenarios as S
 from harness.llama_server import free_port
 from harness.vllm_server import SERVED_NAMES, VLLM_VERSION, VllmServer
-from kvdoctor.diagnosis import diagnose, load_rules
+from kvdoctor.diagnosis import Options, diagnose, load_rules
 from kvdoctor.engines import effective_config, parse_scrape
 from kvdoctor.engines.promtext import _key, parse_families
 from kvdoctor.engines.vllm import IGNORED, TABLE
+from kvdoctor.objectives import parse_slo
 from kvdoctor.signals.host import contended
 from kvdoctor.signals.registry import fit, trend_z
 
@@ -93,14 +94,9 @@ class GaugeWatch:
 
 def check_named(out, timings, name, diag=None, tpot_slo_s=None):
     """The expected rule is a top cause, nothing unrelated fires, and the capture's TTFT is the client's.
-    ``diag``: the capture's diagnosis, where the caller has it already. ``tpot_slo_s``: a stated
-    TPOT P99 objective a healthy run is judged against (harm_checks.check_healthy_mixed)."""
+    ``diag``: the capture's diagnosis, where the caller has it already. ``tpot_slo_s``: the stated
+    TPOT P99 objective ``diag`` was judged against, which a healthy run's client must have met."""
     expect = S.SCENARIOS[name].expect
-    if tpot_slo_s:
-        from kvdoctor.diagnosis import Options
-        from kvdoctor.objectives import parse_slo
-
-        diag = diagnose(kvdoctor.load(out), options=Options(slo=parse_slo([f"tpot_p99={tpot_slo_s * 1000:.0f}ms"])))
     diag = diag or diagnose(kvdoctor.load(out))
     tops = cause_tops(diag)  # causes; objective-* rules say an objective broke, not why
     fired = causes_fired(diag)
@@ -390,13 +386,14 @@ class TestMainServer:
     @pytest.mark.parametrize("name", ["prefix-cache-on", "saturation", "multi-turn"])
     def test_scenario(self, main, runs, run_cli, name):
         out, timings = run_scenario(runs, main, name)
-        diag = diagnose(kvdoctor.load(out))
-        if name == "multi-turn":
-            expect_turn_growth(diag, timings)
         # a healthy run against a CPU deployment's stated TPOT objective where vLLM runs in float32
         # (one stream decodes at 65-90 ms a token there: the chat default's 100 ms is at its edge)
-        diag = check_named(out, timings, name, diag,
-                           tpot_slo_s=0.25 if name == "prefix-cache-on" and main.dtype == "float32" else None)
+        tpot_slo_s = 0.25 if name == "prefix-cache-on" and main.dtype == "float32" else None
+        stated = Options(slo=parse_slo([f"tpot_p99={tpot_slo_s * 1000:.0f}ms"])) if tpot_slo_s else None
+        diag = diagnose(kvdoctor.load(out), options=stated)
+        if name == "multi-turn":
+            expect_turn_growth(diag, timings)
+        diag = check_named(out, timings, name, diag, tpot_slo_s)
         if name == "saturation":
             ev = evidence(cause(diag, "queueing-saturation"))
             # the queue time is vLLM's own histogram (the proxy cannot see queueing inside vLLM)

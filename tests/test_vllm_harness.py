@@ -93,7 +93,7 @@ def test_vllm_dtype_follows_the_cpu():
     falls back to a slow torch path (a 1,200-token prompt took seconds more to prefill)."""
     from harness.vllm_server import cpu_dtype
 
-    assert cpu_dtype("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n") == "float32"
-    assert cpu_dtype("flags\t\t: fpu avx2 avx512f avx512_bf16\n") == "bfloat16"
-    assert cpu_dtype("flags\t\t: fpu avx2 amx_bf16 amx_tile\n") == "bfloat16"
-    assert cpu_dtype("") == "float32"
+    assert cpu_dtype({"fpu", "sse", "avx2", "fma"}) == "float32"
+    assert cpu_dtype({"fpu", "avx2", "avx512f", "avx512_bf16"}) == "bfloat16"
+    assert cpu_dtype({"fpu", "avx2", "amx_bf16", "amx_tile"}) == "bfloat16"
+    assert cpu_dtype(set()) == "float32"

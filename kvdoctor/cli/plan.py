@@ -71,9 +71,8 @@ def command(model, max_len, concurrency, gpu_mem, tp, kv_dtype, mem_util, weight
     if params:
         spec = dataclasses.replace(spec, params=parse_count(params, "--params"), weight_bytes=None)
     lengths = capture_lengths(capture) if capture else None
-    # the KV dtype the engine used, from its own bytes and tokens where the capture has them
     dtype = km.kv_dtype(kv_dtype or ("fp16" if spec.weight_dtype == "fp16" else "bf16"))
-    if not kv_dtype and lengths:
+    if not kv_dtype and lengths:  # the KV dtype the engine ran, from its own bytes over tokens
         dtype = km.dtype_from_capacity(spec, lengths.get("kv_cache_bytes", 0), lengths.get("kv_capacity_tokens", 0),
                                        tp, default=dtype) or dtype
     if lengths and not kv_mem and not gpu_mem and lengths.get("kv_cache_bytes"):

@@ -323,14 +323,11 @@ def engine_wait_over_work(w):
     by Little's law (L = rate x time, the same arrival rate through both) the mean time a request
     waits over the mean time it is served. At 1 a request waits as long as its own work (the knee
     of the queueing curve, as ttft_harm's WAIT_OVER_WORK); read only where no latency is measured."""
+    # requests_waiting is llama.cpp's requests_deferred where it has no other (engines.neutral.derive)
     _, running = w.engine("requests_running")
     _, waiting = w.engine("requests_waiting")
-    if not np.isfinite(waiting).any():
-        _, waiting = w.engine("requests_deferred")
-    n = min(len(running), len(waiting))
-    if n < 3:
+    if len(running) != len(waiting):  # one of them never scraped
         return np.nan
-    running, waiting = running[:n], waiting[:n]
     m = np.isfinite(running) & np.isfinite(waiting) & (running > 0)
     if m.sum() < 3:
         return np.nan
