@@ -25,15 +25,15 @@ CONFIG_SIGNALS: dict[str, tuple[str, str]] = {
 
 def effective(prep) -> dict[str, tuple[Any, str]]:
     """setting -> (value, source) for the capture, computed once per Prepared."""
-    got = prep.memo.get("effective_config")
-    if got is None:
+    def build():
         meta = prep.meta
         device = meta.gpu or (None if len(prep.gpu_t) else "cpu" if len(prep.host_t) else None)
         mem = prep.gpu.num("mem_total_bytes") if len(prep.gpu_t) else np.array([])
         mem_bytes = float(np.nanmax(mem)) if len(mem) and np.isfinite(mem).any() else None
-        got = prep.memo["effective_config"] = effective_config(meta.engine, getattr(meta, "engine_version", None),
-                                                               prep.config, device=device, device_mem_bytes=mem_bytes)
-    return got
+        return effective_config(meta.engine, getattr(meta, "engine_version", None), prep.config,
+                                device=device, device_mem_bytes=mem_bytes)
+
+    return prep.memoised("effective_config", build)
 
 
 def setting_text(prep, setting: str) -> str | None:

@@ -134,7 +134,7 @@ def readings(w) -> list[Reading]:
 
 def _route_mask(w, route: str) -> np.ndarray:
     """Which of the window's requests were sent to ``route``."""
-    codes, labels = w.prep.memo.get("route_codes") or w.prep.memo.setdefault("route_codes", _route_codes(w.prep))
+    codes, labels = w.prep.memoised("route_codes", lambda: _route_codes(w.prep))
     want = labels.index(route) if route in labels else -2
     return codes[w.req] == want
 
