@@ -1,6 +1,6 @@
 """Benchmark: `kvdoctor diagnose` on a 1,000,000-request capture.
 
-    python benchmarks/bench_diagnose.py [--requests 1000000] [--keep DIR] [--repeat 3]
+    python benchmarks/bench_diagnose.py [--requests 1M] [--since 2h] [--report] [--keep DIR] [--repeat 3]
 
 Builds a capture with a realistic mix (prompt lengths resampled from the Azure LLM inference
 code trace shipped in tests/data/traces, multi-turn sessions, Poisson arrivals over 24 h,
@@ -10,6 +10,13 @@ of the same files (pyarrow's JSON reader; orjson line by line for reference) as 
 Targets (issue 33, an idle 2-core machine, 1M requests): diagnose <= 2.5x the floor measured in
 the same run, peak RSS <= 700 MiB. scripts/test runs it at 100,000 requests after the tests and
 prints the figures (a smoke: timings on a shared CI machine are not asserted).
+
+`--requests 3M` / `10M` measure how time and memory grow (the orjson reference is left out
+above 3M: ten million dicts do not fit); `--since 2h` adds `diagnose --since 2h`, the last
+2 of the 24 hours, which reads only the segments that range meets (the segment index).
+`--report` adds `kvdoctor report` (one HTML file; its size is printed: issue 33 asks <= 10 MB at
+10M requests) and `kvdoctor compare` of the day's first half against its second (the
+`CAPTURE@T1..T2` ranges: two loads of the capture, each cut to its half).
 """
 from __future__ import annotations
 
@@ -28,6 +35,8 @@ import numpy as np
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from kvdoctor.capture.writer import append_index  # noqa: E402
 AZURE = ROOT / "tests" / "data" / "traces" / "azure2023_AzureLLMInferenceTrace_code_head2000.csv"
 
 
@@ -65,7 +74,12 @@ def build(folder: Path, n: int, seed: int = 0) -> None:
             if err[i]:
                 rec["error"] = "upstream timeout"
             lines.append(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY))
-        (folder / f"requests-{s // per_segment + 1:06d}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        name = f"requests-{s // per_segment + 1:06d}.jsonl"
+        (folder / name).write_bytes(b"\n".join(lines) + b"\n")
+        # indexed as CaptureWriter indexes a closed segment, so --since reads only what it needs
+        part = slice(s, min(n, s + per_segment))
+        append_index(folder, name, (folder / name).stat().st_size, part.stop - part.start,
+                     float(arrival[part].min()), float((arrival[part] + e2e[part]).max()))
 
 
 #: runs a command and reports its own peak RSS: RUSAGE_CHILDREN of a fresh wrapper process
@@ -101,9 +115,23 @@ print(len(rows))
 """
 
 
+def _count(text: str) -> int:
+    mult = {"k": 1_000, "m": 1_000_000}.get(text[-1:].lower(), 1)
+    try:
+        return int(float(text[:-1] if mult > 1 else text) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count like 1000000, 3M or 100k, got {text!r}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--requests", type=_count, default=1_000_000, help="requests in the capture: 1000000, 3M, 100k")
+    ap.add_argument("--since", metavar="DURATION",
+                    help="also time `diagnose --since DURATION` (e.g. 2h: the capture's last 2 of 24 hours; "
+                         "only the segments that range meets are read)")
+    ap.add_argument("--report", action="store_true",
+                    help="also time `kvdoctor report` (and print the HTML file's size) and `kvdoctor compare` "
+                         "of the first 12 hours against the last 12")
     ap.add_argument("--keep", type=Path, help="build the capture here and keep it")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of each command, in turn (floor, reference, diagnose, floor, ...); best and median reported")
@@ -127,6 +155,15 @@ def run(folder: Path, args: argparse.Namespace) -> None:
     cmds = {"floor: pyarrow.json": [py, "-c", FLOOR_ARROW, str(folder)],
             "reference: orjson to dicts": [py, "-c", FLOOR_ORJSON, str(folder)],
             "kvdoctor diagnose": kvd + ["diagnose", str(folder), "--format", "json"]}
+    if args.requests > 3_000_000:  # ~1 KiB of Python objects a request: 10M dicts would not fit in memory
+        del cmds["reference: orjson to dicts"]
+    if args.since:
+        cmds[f"diagnose --since {args.since}"] = kvd + ["diagnose", str(folder), "--format", "json", "--since", args.since]
+    html = folder.parent / f"{folder.name}-report.html"
+    if args.report:
+        cmds["kvdoctor report"] = kvd + ["report", str(folder), "-o", str(html)]
+        cmds["kvdoctor compare halves"] = kvd + ["compare", f"{folder}@..+43200", f"{folder}@+43200..",
+                                                 "--format", "json"]
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
     for _ in range(args.repeat):  # in turn, so a machine that slows down mid-run slows every command alike
         for name, cmd in cmds.items():
@@ -142,6 +179,9 @@ def run(folder: Path, args: argparse.Namespace) -> None:
           f"{statistics.median(d / f for d, f in zip(d_walls, f_walls)):.2f}x median of pairs "
           f"(target <= 2.5x at 1M requests); peak RSS {d_rss:.0f} MiB (target <= 700 MiB at 1M requests); "
           f"{args.requests:,} requests")
+    if args.report:
+        print(f"report: {html.stat().st_size / 1e6:.2f} MB (target <= 10 MB at 10M requests)")
+        html.unlink()
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
 
 

@@ -93,9 +93,11 @@ class _Clock:
 async def _stream_chat(session: aiohttp.ClientSession, url: str, req: ChatRequest,
                        messages: list[dict], clock: _Clock, timeout_s: float
                        ) -> tuple[ClientTiming, str]:
+    completions = req.api == "completions"
     body: dict[str, Any] = {
         "model": req.model,
-        "messages": messages,
+        **({"prompt": "\n\n".join(str(m.get("content", "")) for m in messages)} if completions
+           else {"messages": messages}),
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "stream": True,
@@ -112,7 +114,9 @@ async def _stream_chat(session: aiohttp.ClientSession, url: str, req: ChatReques
     error = None
     send = clock.now()
     try:
-        async with session.post(url.rstrip("/") + "/v1/chat/completions", json=body,
+        timeout_s = req.timeout_s or timeout_s
+        path = "/v1/completions" if completions else "/v1/chat/completions"
+        async with session.post(url.rstrip("/") + path, json=body,
                                 headers={"X-Request-Id": req.request_id, **req.headers},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             http_status = resp.status
@@ -150,7 +154,7 @@ async def _stream_chat(session: aiohttp.ClientSession, url: str, req: ChatReques
                         timings = obj["timings"]
                     for ch in obj.get("choices") or ():
                         delta = ch.get("delta") or {}
-                        piece = delta.get("content") or delta.get("reasoning_content")
+                        piece = ch.get("text") if completions else (delta.get("content") or delta.get("reasoning_content"))
                         if piece:
                             text_parts.append(piece)
                             chunks.append(t)
@@ -160,7 +164,8 @@ async def _stream_chat(session: aiohttp.ClientSession, url: str, req: ChatReques
                         error = f"more than {max_chunks} chunks for max_tokens={req.max_tokens}"
                         break
     except asyncio.TimeoutError:
-        error = f"timeout after {timeout_s}s"
+        # a request's own deadline is the client giving up (and disconnecting), not a server timeout
+        error = f"client gave up after {timeout_s}s" if req.timeout_s else f"timeout after {timeout_s}s"
     except aiohttp.ClientError as e:
         error = f"{type(e).__name__}: {e}"
     finish = clock.now()

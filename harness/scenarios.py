@@ -233,12 +233,13 @@ class AttachedAgent:
     """kvdoctor attached to a server, running in a thread of its own (as a sidecar would)."""
 
     def __init__(self, server_url: str, capture: Path, server_pid: int | None, engine_config: dict | None = None,
-                 step_s: float = 5.0, scrape: bool = True, **attach):
+                 step_s: float = 5.0, scrape: bool = True, slo: dict | None = None, **attach):
         """``attach``: more AttachConfig fields, e.g. ``otlp_grpc_receiver="127.0.0.1:4317"``. ``scrape=False``:
-        proxy only (``--no-scrape``), e.g. in front of a router whose /metrics would mix several servers."""
+        proxy only (``--no-scrape``), e.g. in front of a router whose /metrics would mix several servers.
+        ``slo``: stated objectives (``--slo``), e.g. ``{"tpot_p99_s": 0.25}``."""
         self.proxy_port = free_port()
         cfg = AttachConfig(server_url=server_url, capture_dir=capture, listen=None, proxy=f"127.0.0.1:{self.proxy_port}",
-                           rules=load_rules(), options=Options(lookback_s=300, step_s=step_s),
+                           rules=load_rules(), options=Options(lookback_s=300, step_s=step_s, slo=dict(slo or {})),
                            engine_config=dict(engine_config or {}),
                            collectors=[ScrapeCollector(server_url, interval_s=1.0, parse_in_process=True)] * scrape + [HostCollector(pid=server_pid)],
                            **attach)

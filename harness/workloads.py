@@ -25,6 +25,10 @@ class ChatRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     model: str = "default"
     headers: dict[str, str] = field(default_factory=dict)  # extra HTTP headers, e.g. a W3C traceparent
+    #: "chat" (/v1/chat/completions) or "completions" (/v1/completions, the messages joined as one prompt)
+    api: str = "chat"
+    #: this request's own total timeout (the client gives up and disconnects), else the run's
+    timeout_s: float | None = None
 
 
 _WORDS = ("the a of and to in is that it for on with as was at by this be from or have an are "

@@ -18,6 +18,7 @@ from kvdoctor.signals import Prepared
 from kvdoctor.signals.registry import fit
 
 from conftest import request_records
+from rule_gates import could_fire
 
 ROOT = Path(__file__).resolve().parent.parent
 AIBRIX = ROOT / "tests" / "data" / "traces" / "aibrix"
@@ -216,9 +217,10 @@ def test_cpu_server_is_a_hypothesis_to_measure_not_a_bandwidth_verdict():
     under, its first step is a measurement (never a KV-precision change), and it pages nobody."""
     diag = diagnose(kvdoctor.load(SAMPLES / "concurrency"))
     c = _causes(diag).get("decode-bandwidth-bound")
-    if c is not None:
-        assert "CPU" in c.cause and c.confidence <= 0.5 and c.measure, c
-        assert c.effective_severity == "info"
+    # it fires there today (the corpus table's false positive): checked as what it says, not skipped
+    assert c is not None, "decode-bandwidth-bound went silent on samples/concurrency: update the docs' table and this test"
+    assert "CPU" in c.cause and c.confidence <= 0.5 and c.measure, c
+    assert c.effective_severity == "info"
 
 
 # -- class 4: a decode-stall tail ---------------------------------------------------------------
@@ -248,7 +250,8 @@ def test_no_decode_stall_on_real_runs_without_stalls():
     (samples/healthy, 40 requests, is under its minimum: it could not fire there at all.)"""
     for name in ("multi-turn", "concurrency"):
         diag = diagnose(kvdoctor.load(SAMPLES / name))
-        assert "decode-stall-tail" not in {n.rule for n in diag.not_evaluated}, name
+        rule = next(r for r in diag.rules if r.id == "decode-stall-tail")
+        assert could_fire(rule, diag) is None, name  # its gates pass on the windows diagnose evaluates
         assert "decode-stall-tail" not in _causes(diag), name
 
 

@@ -10,6 +10,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
+
 from harness.llama_server import free_port
 from kvdoctor.collect.base import SourceUnavailable
 from kvdoctor.collect.scrape import DOWN_AFTER_TIMEOUTS, ScrapeCollector
@@ -74,7 +76,7 @@ def test_refused_connection_is_down_at_once():
 VLLM_PAGE = (Path(__file__).parent / "data" / "metrics" / "vllm-0.32-cpu-under-load.prom").read_bytes()
 
 
-def test_parse_in_a_worker_process_reads_what_the_thread_reads(caplog):
+def test_parse_in_a_worker_process_reads_what_the_thread_reads(caplog, monkeypatch):
     """`attach` parses each /metrics page in a worker process (~15 ms of Python a vLLM page,
     which in the scrape thread would hold the GIL the proxy relays with): the same sample, config
     and engine as parsing in the thread; the worker runs below the sidecar; a worker that dies
@@ -84,6 +86,9 @@ def test_parse_in_a_worker_process_reads_what_the_thread_reads(caplog):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     here, there = ScrapeCollector(url), ScrapeCollector(url, parse_in_process=True)
+    import kvdoctor.collect.scrape as scrape
+
+    monkeypatch.setattr(scrape, "PARSE_WAIT_S", 30.0)  # the worker's own parse, however slow its start
     try:
         a, b = here.collect(1000.0), there.collect(1000.0)
         assert a == b and a[-1].values and there.engine == here.engine == "vllm"
@@ -103,9 +108,11 @@ def test_parse_in_a_worker_process_reads_what_the_thread_reads(caplog):
         srv.shutdown()
 
 
-def test_a_parse_worker_that_times_out_is_ended_not_left_running(monkeypatch):
-    """A parse that outlives PARSE_TIMEOUT_S (a worker stuck for good) costs that scrape's wait
-    only: the page is parsed in the sidecar, and the stuck worker is ended at once, not left
+def test_a_slow_parse_worker_costs_a_scrape_one_wait_and_a_stuck_one_is_ended(monkeypatch):
+    """A worker that has not parsed a page within PARSE_WAIT_S (starved beside a busy engine, or
+    still importing) costs that scrape one short wait: the page is parsed in the sidecar, and so is
+    every page while the worker is busy (no scrape waits on it again, so the engine's gauges are
+    not lost through an overload). A worker busy past PARSE_TIMEOUT_S is stuck: ended, not left
     running beside its replacement (a core and its memory held for as long as it is stuck)."""
     import kvdoctor.collect.scrape as scrape
 
@@ -113,14 +120,25 @@ def test_a_parse_worker_that_times_out_is_ended_not_left_running(monkeypatch):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     c = ScrapeCollector(f"http://127.0.0.1:{srv.server_address[1]}", parse_in_process=True)
+    monkeypatch.setattr(scrape, "PARSE_WAIT_S", 0.5)
     try:
-        assert c.collect(1000.0)[-1].values
+        for _ in range(100):  # until the worker is up and answers in time
+            assert c.collect(1000.0)[-1].values
+            if c._parse_pool is not None and c._busy is None:
+                break
+            time.sleep(0.2)
         worker = next(iter(c._parse_pool._processes))
         c._parse_pool.submit(time.sleep, 120)  # the one worker is now stuck in a call
-        monkeypatch.setattr(scrape, "PARSE_TIMEOUT_S", 1.0)
-        assert c.collect(1001.0)[-1].values  # parsed in the sidecar this once
+        t0 = time.monotonic()
+        assert c.collect(1001.0)[-1].values  # parsed in the sidecar after one short wait
+        assert c.collect(1002.0)[-1].values  # the worker is still busy: parsed here, no wait
+        assert time.monotonic() - t0 < 0.5 + 0.4, "only the first scrape waited for the worker"
+        assert psutil.pid_exists(worker), "a worker busy for less than PARSE_TIMEOUT_S is left to finish"
+        monkeypatch.setattr(scrape, "PARSE_TIMEOUT_S", 0.3)
+        time.sleep(0.4)
+        assert c.collect(1003.0)[-1].values
         assert_process_ends(worker, 5.0, "stuck parse worker")
-        assert c.collect(1002.0)[-1].values and next(iter(c._parse_pool._processes)) != worker
+        assert c.collect(1004.0)[-1].values and next(iter(c._parse_pool._processes)) != worker
     finally:
         c.close()
         srv.shutdown()

@@ -350,13 +350,24 @@ def test_render_compare_html_library_call():
 # -- statistics ---------------------------------------------------------------------------
 
 
-def test_percentile_replicates_equal_numpy_on_the_resample():
+def test_percentile_replicates_from_order_statistics_match_the_naive_bootstrap():
+    """Replicates drawn from the resample's order statistics (Beta variates, no resample drawn)
+    have the naive bootstrap's distribution: mean, spread and the joint one of two percentiles of
+    one resample, on continuous data and on data with many ties."""
     rng = np.random.default_rng(0)
-    x = np.sort(rng.lognormal(0, 1, 300))
-    counts = B._counts(np.random.default_rng(1), [np.arange(300)], 300, 5, [300])
-    reps = B._linear_from_counts(x, counts, np.array([50.0, 90.0, 99.0]))
-    for row, c in zip(reps, counts):
-        np.testing.assert_allclose(row, np.percentile(np.repeat(x, c), [50, 90, 99]))
+    qs = [10, 50, 90, 99]
+    for x in (rng.lognormal(0, 1, 300), rng.integers(0, 20, 300).astype(float)):
+        _, reps = B.boot_percentiles(x, qs, 4000, np.random.default_rng(1))
+        naive = np.percentile(x[np.random.default_rng(2).integers(0, len(x), (4000, len(x)))], qs, axis=1).T
+        sd = naive.std(axis=0)
+        assert np.all(np.abs(reps.mean(axis=0) - naive.mean(axis=0)) < 0.1 * sd + 1e-9)
+        assert np.all(np.abs(reps.std(axis=0) / sd - 1) < 0.2)
+        c_reps, c_naive = np.corrcoef(reps[:, 1], reps[:, 2])[0, 1], np.corrcoef(naive[:, 1], naive[:, 2])[0, 1]
+        assert abs(c_reps - c_naive) < 0.1, (c_reps, c_naive)  # drawn jointly, not one percentile at a time
+    # a single value, and the extremes: positions stay inside the values
+    assert B.boot_percentiles(np.array([3.0]), [0, 50, 100], 50, np.random.default_rng(3))[1].tolist() == [[3.0] * 3] * 50
+    _, r = B.boot_percentiles(np.arange(10.0), [0, 100], 500, np.random.default_rng(4))
+    assert r.min() >= 0 and r.max() <= 9
 
 
 def test_bootstrap_spread_matches_the_naive_bootstrap_and_large_sides_are_rescaled():

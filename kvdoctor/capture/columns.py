@@ -127,6 +127,8 @@ class Capture:
     #: the --since/--until range this capture was cut to, as people read it (the
     #: nothing-to-diagnose reason names it); None for a whole capture
     range_text: str | None = None
+    #: the (since, until) epoch seconds it was cut to (either may be None); None for a whole capture
+    range_s: tuple[float | None, float | None] | None = None
 
     @property
     def start_s(self) -> float | None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any, Callable
 
 import orjson
 
 from ..errors import InputError
 from ..model import FORMAT_VERSION, CaptureMeta, SourceStatus
-from .columns import Capture, Columns, EngineSeries, time_slice
+from .columns import SCHEMAS, Capture, Columns, EngineSeries, time_slice
 from .derived import _derive, _engine_series
-from .segment_reader import _read_table, read_dicts
+from .segment_index import TIME_FIELDS, overlaps, read_index
+from .segment_reader import _read_table, read_dicts, read_segment_dicts, read_segment_table, segments
 
 
 def load_meta(folder: Path) -> CaptureMeta:
@@ -100,8 +102,16 @@ _META_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def load(path: str | Path, *, since_s: float | None = None, until_s: float | None = None) -> Capture:
-    """Load a capture folder. ``since_s``/``until_s`` keep records in that time range."""
+#: the streams whose times make a capture's span (Capture.start_s/end_s); events do not
+_SPAN_KINDS = ("requests", "gpu", "host", "engine")
+_TABLE_KINDS = ("requests", "gpu", "host")
+
+
+def load(path: str | Path, *, since_s: float | None = None, until_s: float | None = None,
+         range_of: Callable[[float | None, float | None], tuple[float | None, float | None]] | None = None) -> Capture:
+    """Load a capture folder. ``since_s``/``until_s`` keep records in that time range;
+    ``range_of(start_s, end_s)`` gives the range from the capture's own span (relative times).
+    With a range, only the segments that meet it are read (the writer's segment index)."""
     folder = Path(path)
     if not folder.exists():
         raise InputError(f"{folder}: no such capture; expected a folder written by `kvdoctor attach` or `kvdoctor import`")
@@ -112,13 +122,58 @@ def load(path: str | Path, *, since_s: float | None = None, until_s: float | Non
         raise InputError(f"{folder}: not a capture (no meta.json and no *-NNNNNN.jsonl segments)")
     warnings: list[str] = []
     meta = load_meta(folder)
-    requests = Columns(_derive(_read_table(folder, "requests", warnings)))
-    gpu = Columns(_read_table(folder, "gpu", warnings))
-    host = Columns(_read_table(folder, "host", warnings))
-    engine = _engine_series(read_dicts(folder, "engine", warnings))
-    events = read_dicts(folder, "events", warnings)
+    keep, read, lo, hi = None, {}, since_s, until_s
+    if range_of is not None or lo is not None or hi is not None:
+        keep, read, lo, hi = _segments_for_range(folder, warnings, since_s, until_s, range_of)
+    requests = Columns(_derive(_read_table(folder, "requests", warnings, keep, read)))
+    gpu = Columns(_read_table(folder, "gpu", warnings, keep, read))
+    host = Columns(_read_table(folder, "host", warnings, keep, read))
+    engine = _engine_series(read_dicts(folder, "engine", warnings, keep, read))
+    events = read_dicts(folder, "events", warnings, keep, read)
     warnings += load_warnings(meta, requests, engine)
     cap = Capture(folder, meta, requests, gpu, host, engine, events, warnings)
-    if since_s is not None or until_s is not None:
-        cap = time_slice(cap, since_s, until_s)
+    if lo is not None or hi is not None:
+        cap = dataclasses.replace(time_slice(cap, lo, hi), range_s=(lo, hi))
     return cap
+
+
+def _segments_for_range(folder: Path, warnings: list[str], lo: float | None, hi: float | None, range_of):
+    """(which segments to read, those already read, the range). Segments the index does not vouch
+    for are read first (whatever the range, they may hold records in it); with ``range_of``, the
+    capture's span is the index's and theirs together."""
+    index = read_index(folder)
+    read: dict[Path, Any] = {}
+    if range_of is not None:
+        start, end = float("inf"), float("-inf")
+        for kind in _SPAN_KINDS:
+            for seg in segments(folder, kind):
+                span = index.get(seg.name)
+                if span is None:
+                    got = read[seg] = (read_segment_table(seg, SCHEMAS[kind], warnings) if kind in _TABLE_KINDS
+                                       else read_segment_dicts(seg, kind, warnings))
+                    span = _span_of(got, kind)
+                if span is not None:
+                    start, end = min(start, span[0]), max(end, span[1])
+        lo, hi = range_of(start if start <= end else None, end if start <= end else None)
+
+    def keep(seg: Path) -> bool:
+        span = index.get(seg.name)
+        return span is None or overlaps(span, lo, hi)
+
+    return keep, read, lo, hi
+
+
+def _span_of(got, kind: str) -> tuple[float, float] | None:
+    """(earliest, latest) time of a segment's records as read (a table, or engine records); a
+    request's finish as the capture reads it (derived from arrival + E2E where not written)."""
+    import numpy as np
+
+    if got is None:
+        return None
+    if kind not in _TABLE_KINDS:
+        ts = np.array([r["time_s"] for r in got if isinstance(r.get("time_s"), (int, float))], dtype=float)
+    else:
+        cols = Columns(_derive(got) if kind == "requests" else got)
+        ts = np.concatenate([cols.num(name) for name in TIME_FIELDS])
+    ts = ts[np.isfinite(ts)]
+    return (float(ts.min()), float(ts.max())) if len(ts) else None

@@ -10,7 +10,7 @@ Arrow sees it (Arrow's parser recurses without bound).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import orjson
@@ -194,39 +194,47 @@ def _conform(table: pa.Table, schema: pa.Schema, seg: Path) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=schema)
 
 
-def _read_table(folder: Path, kind: str, warnings: list[str]) -> pa.Table:
+def _read_table(folder: Path, kind: str, warnings: list[str], keep: Callable[[Path], bool] | None = None,
+                read: dict[Path, Any] | None = None) -> pa.Table:
+    """The stream's segments (those ``keep`` accepts) as one table of the stream's schema;
+    ``read``: segments already read (their tables), taken from there."""
     schema = SCHEMAS[kind]
-    tables = []
-    for seg in segments(folder, kind):
-        data = _utf8(seg, seg.read_bytes(), warnings)
-        if not data:
-            continue
-        longest, too_deep = _scan(data)
-        if too_deep or not data.endswith(b"\n"):
-            data = _clean(seg, data, warnings)  # per line in Python: Arrow never sees what is too deep
-            if not data:
-                continue
-            longest = _scan(data)[0]
-        # Letting Arrow infer types and casting afterwards is ~1.5x faster than an explicit
-        # schema (measured on 1M requests); Arrow promotes int -> double across blocks itself.
-        # A block must hold the longest line whole, or Arrow refuses the file.
-        ropts = pajson.ReadOptions(block_size=max(_BLOCK_BYTES, 1 << (longest + 1).bit_length()))
-        try:
-            table = pajson.read_json(pa.BufferReader(pa.py_buffer(data)), read_options=ropts)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            cleaned = _clean(seg, data, warnings)
-            try:
-                if len(cleaned) == len(data) or not cleaned:
-                    raise pa.ArrowInvalid(str(e))
-                table = pajson.read_json(pa.BufferReader(pa.py_buffer(cleaned)), read_options=ropts)
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as e2:
-                raise InputError(f"{seg}: {str(e2).splitlines()[0]}") from None
-        if not _lists_valid(table):
-            table = _reread_lists(data, table, schema, ropts, seg)
-        tables.append(_bounded(_conform(table, schema, seg), seg, warnings))
+    read = read or {}
+    tables = [t for seg in segments(folder, kind) if keep is None or keep(seg)
+              if (t := read.pop(seg) if seg in read else read_segment_table(seg, schema, warnings)) is not None]
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables)
+
+
+def read_segment_table(seg: Path, schema: pa.Schema, warnings: list[str]) -> pa.Table | None:
+    """One segment's readable records in ``schema``; None when it holds none."""
+    data = _utf8(seg, seg.read_bytes(), warnings)
+    if not data:
+        return None
+    longest, too_deep = _scan(data)
+    if too_deep or not data.endswith(b"\n"):
+        data = _clean(seg, data, warnings)  # per line in Python: Arrow never sees what is too deep
+        if not data:
+            return None
+        longest = _scan(data)[0]
+    # Letting Arrow infer types and casting afterwards is ~1.5x faster than an explicit
+    # schema (measured on 1M requests); Arrow promotes int -> double across blocks itself.
+    # A block must hold the longest line whole, or Arrow refuses the file.
+    ropts = pajson.ReadOptions(block_size=max(_BLOCK_BYTES, 1 << (longest + 1).bit_length()))
+    try:
+        table = pajson.read_json(pa.BufferReader(pa.py_buffer(data)), read_options=ropts)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        cleaned = _clean(seg, data, warnings)
+        try:
+            if len(cleaned) == len(data) or not cleaned:
+                raise pa.ArrowInvalid(str(e))
+            table = pajson.read_json(pa.BufferReader(pa.py_buffer(cleaned)), read_options=ropts)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e2:
+            raise InputError(f"{seg}: {str(e2).splitlines()[0]}") from None
+    if not _lists_valid(table):
+        table = _reread_lists(data, table, schema, ropts, seg)
+    return _bounded(_conform(table, schema, seg), seg, warnings)
 
 
 def _lists_valid(table: pa.Table) -> bool:
@@ -281,26 +289,35 @@ def _bounded(table: pa.Table, seg: Path, warnings: list[str]) -> pa.Table:
     return table
 
 
-def read_dicts(folder: Path, kind: str, warnings: list[str]) -> list[dict[str, Any]]:
-    """Engine or event records, each checked field by field: a record whose fields have the
-    wrong type (a null time, a string of values) is skipped with a warning naming the file,
-    line and field, so one bad line neither crashes a reader nor hides the rest."""
+def read_dicts(folder: Path, kind: str, warnings: list[str], keep: Callable[[Path], bool] | None = None,
+               read: dict[Path, Any] | None = None) -> list[dict[str, Any]]:
+    """Engine or event records (of the segments ``keep`` accepts), each checked field by field: a
+    record whose fields have the wrong type (a null time, a string of values) is skipped with a
+    warning naming the file, line and field, so one bad line neither crashes a reader nor hides the rest."""
+    out = []
+    read = read or {}
+    for seg in segments(folder, kind):
+        if keep is None or keep(seg):
+            out += read.pop(seg) if seg in read else read_segment_dicts(seg, kind, warnings)
+    return out
+
+
+def read_segment_dicts(seg: Path, kind: str, warnings: list[str]) -> list[dict[str, Any]]:
     check = _CHECKS.get(kind)
     out = []
-    for seg in segments(folder, kind):
-        numbers: list[int] = []
-        records = _whole_lines(seg, _utf8(seg, seg.read_bytes(), warnings), warnings, numbers)[0]
-        skipped = 0
-        for n, rec in zip(numbers, records):
-            why = check(rec) if check else None
-            if why is None:
-                out.append(rec)
-                continue
-            if skipped < 5:
-                warnings.append(f"{seg}: line {n}: {why}; record skipped")
-            skipped += 1
-        if skipped > 5:
-            warnings.append(f"{seg}: {skipped} {kind} records skipped in all for wrong field types (first 5 named above)")
+    numbers: list[int] = []
+    records = _whole_lines(seg, _utf8(seg, seg.read_bytes(), warnings), warnings, numbers)[0]
+    skipped = 0
+    for n, rec in zip(numbers, records):
+        why = check(rec) if check else None
+        if why is None:
+            out.append(rec)
+            continue
+        if skipped < 5:
+            warnings.append(f"{seg}: line {n}: {why}; record skipped")
+        skipped += 1
+    if skipped > 5:
+        warnings.append(f"{seg}: {skipped} {kind} records skipped in all for wrong field types (first 5 named above)")
     return out
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 import orjson
 
 from ..model import KINDS, RECORD_TYPES, CaptureMeta, SourceStatus, to_dict
+from .segment_index import INDEX_NAME, TIME_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,14 @@ _INT64_MIN, _INT64_SPAN = -(1 << 63), 1 << 64
 
 def segment_name(kind: str, index: int) -> str:
     return f"{kind}-{index:06d}.jsonl"
+
+
+def append_index(folder: Path, segment: str, size_bytes: int, records: int, min_s: float, max_s: float) -> None:
+    """One line of the segment index (segment_index.py) for a closed segment; one write, so a
+    crash leaves whole lines."""
+    line = orjson.dumps({"segment": segment, "bytes": size_bytes, "records": records, "min_s": min_s, "max_s": max_s})
+    with open(folder / INDEX_NAME, "ab", buffering=0) as f:
+        f.write(line + b"\n")
 
 
 def write_meta(folder: Path, meta: CaptureMeta) -> None:
@@ -173,6 +182,8 @@ class CaptureWriter:
         self._files: dict[str, Any] = {}
         self._sizes: dict[str, int] = {}
         self._index: dict[str, int] = {}
+        #: kind -> [records, min time, max time] of its open segment, indexed when it closes
+        self._spans: dict[str, list] = {}
         self._last_fsync = time.monotonic()
         self.counts: dict[str, int] = {k: 0 for k in KINDS}
         self.dropped: dict[str, int] = {k: 0 for k in KINDS}
@@ -230,7 +241,17 @@ class CaptureWriter:
             data = bound_engine(data, self._warn_once)
         line = dumps(data) + b"\n"
         with self._lock:
-            if self._append(kind, line) and (self._unreported or self._meta_dirty):
+            if not self._append(kind, line):
+                return
+            span = self._spans.setdefault(kind, [0, float("inf"), float("-inf")])
+            span[0] += 1
+            times = [data.get(name) for name in TIME_FIELDS]
+            if times[1] is None and times[0].__class__ in (float, int) and data.get("e2e_s").__class__ in (float, int):
+                times.append(times[0] + data["e2e_s"])  # the reader derives the finish so
+            for v in times:
+                if v.__class__ in (float, int) and v == v:
+                    span[1], span[2] = min(span[1], v), max(span[2], v)
+            if self._unreported or self._meta_dirty:
                 self._recovered()
 
     def _append(self, kind: str, line: bytes) -> bool:
@@ -305,6 +326,7 @@ class CaptureWriter:
         if f is not None:
             f.close()
             self._files.pop(kind, None)
+            self._close_span(kind)
         index = self._index.get(kind) or self._last_index(kind)
         index += 1
         self._index[kind] = index
@@ -314,6 +336,18 @@ class CaptureWriter:
         self._sizes[kind] = os.fstat(f.fileno()).st_size
         self._enforce_budget()
         return f
+
+    def _close_span(self, kind: str) -> None:
+        """Index the segment just closed (its records' time span): a reader asked for a time range
+        then skips it without parsing it. Best effort: an unindexed segment is simply read."""
+        span = self._spans.pop(kind, None)
+        if not span or not span[0] or span[1] > span[2]:
+            return
+        name = segment_name(kind, self._index[kind])
+        try:
+            append_index(self.folder, name, (self.folder / name).stat().st_size, span[0], span[1], span[2])
+        except OSError as e:
+            self._warn_once("index", f"{INDEX_NAME}: {e.strerror or e}; segments stay unindexed (read in full)")
 
     def _last_index(self, kind: str) -> int:
         existing = sorted(self.folder.glob(f"{kind}-*.jsonl"))
@@ -350,11 +384,12 @@ class CaptureWriter:
         cannot be written and the writer raises on errors."""
         with self._lock:
             self._fsync_all()
-            for f in self._files.values():
+            for kind, f in list(self._files.items()):
                 try:
                     f.close()
                 except OSError:
                     pass
+                self._close_span(kind)
             self._files.clear()
             self._write_meta()
 

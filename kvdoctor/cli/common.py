@@ -205,23 +205,28 @@ def load_capture(path: str, since=None, until=None):
     """A capture cut to --since/--until (relative times against the capture's own start and
     end); the cut capture carries ``range_text`` for the nothing-to-diagnose reason."""
     from ..capture import load
-    from ..capture.reader import time_slice
 
     keep_freed_memory()
 
     if since is not None and until is not None and since.absolute and until.absolute:
         check_range(since.epoch_s, until.epoch_s, since, until)  # before the capture is read
-    cap = load(path)
     if since is None and until is None:
-        return cap
-    end = cap.end_s if cap.end_s is not None else time.time()
-    lo = since.resolve(cap.start_s, end) if since is not None else None
-    hi = until.resolve(cap.start_s, end) if until is not None else None
-    check_range(lo, hi, since, until)
+        return load(path)
+
+    def range_of(start_s: float | None, end_s: float | None) -> tuple[float | None, float | None]:
+        # the capture's span from its segment index: only the segments the range meets are read
+        end = end_s if end_s is not None else time.time()
+        lo = since.resolve(start_s, end) if since is not None else None
+        hi = until.resolve(start_s, end) if until is not None else None
+        check_range(lo, hi, since, until)
+        return lo, hi
+
+    cap = load(path, range_of=range_of)
     import dataclasses
 
+    lo, hi = cap.range_s or (None, None)
     text = f"{_iso(lo) if lo is not None else '…'} → {_iso(hi) if hi is not None else '…'}"
-    return dataclasses.replace(time_slice(cap, lo, hi), range_text=text)
+    return dataclasses.replace(cap, range_text=text)
 
 
 #: glibc's mallopt parameters (malloc.h)

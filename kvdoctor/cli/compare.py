@@ -64,7 +64,7 @@ def command(before, after, fmt, output, html_path, rules_dirs, sets, lookback, s
     from ..compare.sides import load_side, parse_side
 
     b_spec, a_spec = parse_side(before, "BEFORE"), parse_side(after, "AFTER")  # syntax errors before any loading
-    opts = Options(lookback_s=lookback, step_s=step, **pop_objectives(kw))
+    opts = Options(lookback_s=lookback, step_s=step, workers=0, **pop_objectives(kw))
     rules = load_rules_checked(rules_dirs, sets)
     comp = compare(load_side(b_spec, "BEFORE"), load_side(a_spec, "AFTER"), rules, opts, resamples, seed)
     if fmt == "json":

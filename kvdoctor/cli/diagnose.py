@@ -18,7 +18,8 @@ def run_diagnosis(capture: str, since=None, until=None, rules_dirs: tuple[str, .
     """Load CAPTURE (cut to --since/--until) and diagnose it with the shipped and --rules rules."""
     from ..diagnosis import Options, diagnose
 
-    opts = Options(lookback_s=lookback, step_s=step, max_model_len_tokens=max_model_len, **(objectives or {}))
+    # workers=0: a large capture's windows are judged on every core (forked; small ones here)
+    opts = Options(lookback_s=lookback, step_s=step, max_model_len_tokens=max_model_len, workers=0, **(objectives or {}))
     rules = load_rules_checked(rules_dirs, sets)
     cap = load_capture(capture, since, until)
     with progress_callback("diagnosing", unit="windows") as progress:

@@ -89,7 +89,13 @@ def http_get(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> tup
 DOWN_AFTER_TIMEOUTS = 3
 
 
-#: the longest a page's parse in the worker process is waited for before it is parsed here instead
+#: the longest one scrape waits for the worker's parse before parsing the page here instead: a
+#: worker at its lower priority beside an engine that keeps every core busy can take seconds (a
+#: fresh one tens of seconds to import), and a scrape that waited 30 s for it lost the engine's
+#: gauges for the whole of a 45 s overload (CI: requests_waiting read 0 through a 6 s queue)
+PARSE_WAIT_S = 1.0
+#: a worker still busy with one page after this long is taken as stuck, ended and replaced; until
+#: then it is left to finish (starved, not stuck) and the scrapes meanwhile parse here
 PARSE_TIMEOUT_S = 30.0
 
 
@@ -105,6 +111,8 @@ class ScrapeCollector:
                  parse_in_process: bool = False):
         self.parse_in_process = parse_in_process
         self._parse_pool: Any = None
+        self._busy: tuple[concurrent.futures.Future, float] | None = None  # (unfinished parse, since)
+        self._slow_said = False
         self.base_url = base_url.rstrip("/")
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -164,21 +172,40 @@ class ScrapeCollector:
     def _parse(self, text: str, now_s: float) -> tuple[EngineSample, dict[str, Any], str | None]:
         if not self.parse_in_process:
             return parse_scrape(text, now_s, self.server)
+        if self._busy is not None:  # the worker has not finished an earlier page
+            fut, since = self._busy
+            if not fut.done():
+                if time.monotonic() - since > PARSE_TIMEOUT_S:
+                    log.warning("%s/metrics: the parse worker has been stuck for %.0f s; ended, a new one "
+                                "starts with the next scrape", self.base_url, time.monotonic() - since)
+                    self.close(kill=True)  # a stuck worker may never return: ended, not left running
+                return parse_scrape(text, now_s, self.server)
+            self._busy = None
         if self._parse_pool is None:
             self._parse_pool = worker_pool()
+        fut = None
         try:
-            return self._parse_pool.submit(parse_scrape, text, now_s, self.server).result(timeout=PARSE_TIMEOUT_S)
-        except (concurrent.futures.process.BrokenProcessPool, concurrent.futures.TimeoutError) as e:
-            # the worker died or hangs: this page is parsed here, the next in a new worker
-            log.warning("%s/metrics: the parse worker failed (%s); parsing in the sidecar this once",
-                        self.base_url, type(e).__name__)
-            self.close(kill=True)  # a worker that timed out may never return: ended, not left running
+            fut = self._parse_pool.submit(parse_scrape, text, now_s, self.server)
+            return fut.result(timeout=PARSE_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            # starved or still starting: this page is parsed here, and so is every page until it is done
+            self._busy = (fut, time.monotonic())
+            if not self._slow_said:
+                log.warning("%s/metrics: the parse worker is slow (busy cores?); parsing in the sidecar while "
+                            "it is (said once)", self.base_url)
+                self._slow_said = True
+            return parse_scrape(text, now_s, self.server)
+        except concurrent.futures.process.BrokenProcessPool:
+            # the worker died: this page is parsed here, the next in a new worker
+            log.warning("%s/metrics: the parse worker failed (it died); parsing in the sidecar this once",
+                        self.base_url)
+            self.close(kill=True)
             return parse_scrape(text, now_s, self.server)
 
     def close(self, kill: bool = False) -> None:
         """Stop the parse worker, if one was started (the next scrape starts another); ``kill``:
         at once, even mid-parse."""
-        pool, self._parse_pool = self._parse_pool, None
+        pool, self._parse_pool, self._busy = self._parse_pool, None, None
         if pool is not None:
             stop_pool(pool, kill)
 

@@ -1,10 +1,11 @@
 """Bootstrap replicates of the statistics a comparison reports, in numpy only.
 
-Bootstrap replicates are drawn as *counts*: each replicate says how often each original value
-was drawn. The values are sorted once, so a percentile of a replicate is read off the
-cumulative counts (no per-replicate sort), a ratio of sums is a matrix product, and a
-stratified resample is the same thing with counts drawn within each stratum. Replicates are
-processed in chunks of at most :data:`CHUNK_CELLS` cells so memory stays bounded.
+A percentile's replicates are drawn from the resample's order statistics directly (a resample
+of m sorted values is F^-1 of m uniforms, whose order statistics are Beta variates drawn one from
+the last: :func:`_order_stat_draws`), O(resamples) a percentile. Other statistics draw replicates
+as *counts*: each replicate says how often each original value was drawn, so a ratio of sums is a
+matrix product and a stratified resample is counts drawn within each stratum, processed in chunks
+of at most :data:`CHUNK_CELLS` cells so memory stays bounded.
 
 Large sides: above :data:`MAX_BOOT_N` values, replicates resample an even random subsample of
 m = MAX_BOOT_N values and their spread is rescaled by sqrt(m / n) around the full estimate
@@ -54,22 +55,6 @@ def _counts(rng: np.random.Generator, pools: list[np.ndarray], n_total: int, row
     return np.bincount(np.concatenate(flat), minlength=rows * n_total).reshape(rows, n_total).astype(np.int32)
 
 
-def _linear_from_counts(xs: np.ndarray, counts: np.ndarray, qs: np.ndarray) -> np.ndarray:
-    """np.percentile(..., method='linear') of each replicate (a row of counts over sorted xs)."""
-    cum = np.cumsum(counts, axis=1)
-    m = cum[:, -1:]  # values per replicate
-    out = np.empty((counts.shape[0], len(qs)))
-    for j, q in enumerate(qs):
-        h = (m[:, 0] - 1) * q / 100.0
-        j0 = np.floor(h)
-        frac = h - j0
-        k0 = (cum <= j0[:, None]).sum(axis=1)
-        k1 = (cum <= np.minimum(j0 + 1, m[:, 0] - 1)[:, None]).sum(axis=1)
-        k0, k1 = np.minimum(k0, len(xs) - 1), np.minimum(k1, len(xs) - 1)
-        out[:, j] = xs[k0] + frac * (xs[k1] - xs[k0])
-    return out
-
-
 def weighted_quantiles(xs: np.ndarray, weights: np.ndarray, qs) -> np.ndarray:
     """Inverted-CDF quantiles of sorted values ``xs`` under per-row ``weights`` (rows x n)."""
     w = np.atleast_2d(weights).astype(float)
@@ -87,9 +72,29 @@ def _shrink(est_full, est_sub, reps, m: int, n: int):
     return est_full + (reps - est_sub) * math.sqrt(m / n)
 
 
+def _order_stat_draws(m: int, ranks: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """(resamples, len(ranks)) positions (0..m-1, into the sorted values) of the ``ranks``-th
+    smallest values (ascending, distinct) of bootstrap resamples of m values, drawn exactly and
+    jointly without drawing the resamples: a resample is F_m^-1 of m uniforms, so its k-th
+    smallest value is F_m^-1(U_(k)), and the uniforms' order statistics come one from the
+    last: U_(k) ~ Beta(k+1, m-k); given U_(a), U_(b) = U_(a) + (1 - U_(a)) Beta(b-a, m-b)
+    (the (b-a)-th smallest of the m-a-1 uniforms above it). O(resamples) per rank, where
+    drawing counts costs O(resamples x m)."""
+    u = np.empty((resamples, len(ranks)))
+    prev = -1
+    for j, k in enumerate(ranks):
+        if prev < 0:
+            u[:, j] = rng.beta(k + 1, m - k, resamples)
+        else:
+            u[:, j] = u[:, j - 1] + (1.0 - u[:, j - 1]) * rng.beta(k - prev, m - k, resamples)
+        prev = k
+    return np.minimum((u * m).astype(np.int64), m - 1)  # F_m^-1(u) = the ceil(u m)-th value
+
+
 def boot_percentiles(x: np.ndarray, qs, resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Point percentiles of x (np.percentile, as the signals compute them) and (resamples, len(qs))
-    bootstrap replicates over values. Empty input: NaN."""
+    bootstrap replicates over values (np.percentile's linear interpolation of each resample,
+    from its order statistics drawn exactly: :func:`_order_stat_draws`). Empty input: NaN."""
     qs = np.atleast_1d(np.asarray(qs, dtype=float))
     x = x[np.isfinite(x)]
     n = len(x)
@@ -98,10 +103,15 @@ def boot_percentiles(x: np.ndarray, qs, resamples: int, rng: np.random.Generator
     est = np.percentile(x, qs)
     sub = np.sort(x if n <= MAX_BOOT_N else rng.choice(x, MAX_BOOT_N, replace=False))
     m = len(sub)
-    reps = np.empty((resamples, len(qs)))
-    pool = [np.arange(m)]
-    for lo, hi in _chunks(resamples, m):
-        reps[lo:hi] = _linear_from_counts(sub, _counts(rng, pool, m, hi - lo, [m]), qs)
+    h = (m - 1) * qs / 100.0
+    lo = np.floor(h).astype(np.int64)
+    hi = np.minimum(lo + 1, m - 1)
+    frac = h - lo
+    ranks = np.unique(np.concatenate([lo, hi]))
+    pos = _order_stat_draws(m, ranks, resamples, rng)
+    v_lo = sub[pos[:, np.searchsorted(ranks, lo)]]
+    v_hi = sub[pos[:, np.searchsorted(ranks, hi)]]
+    reps = v_lo + frac[None, :] * (v_hi - v_lo)
     if m < n:
         reps = _shrink(est, np.percentile(sub, qs), reps, m, n)
     return est, reps

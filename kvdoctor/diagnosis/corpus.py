@@ -33,6 +33,9 @@ class Case:
     importing: dict[str, Any] | None = None
     #: the server's context limit where the capture lacks it (diagnose --max-model-len)
     max_model_len: int | None = None
+    #: labels whose criterion restates the rule's own signal and threshold: they agree with the
+    #: rule by construction, so a hit on them is consistency, not evidence
+    circular: frozenset[str] = frozenset()
     fired: set[str] = field(default_factory=set)
     error: str = ""
 
@@ -45,6 +48,8 @@ class Score:
     tp: list[str] = field(default_factory=list)
     fp: list[str] = field(default_factory=list)
     fn: list[str] = field(default_factory=list)
+    #: the true positives whose label is circular (Case.circular)
+    tp_circular: list[str] = field(default_factory=list)
 
     @property
     def precision(self) -> float | None:
@@ -79,10 +84,13 @@ def read_corpus(path: Path) -> list[Case]:
             raise InputError(f"{where} ({e['name']}): give exactly one of capture: (a folder) or import: (a file and format)")
         if "import" in e:
             _check_gpu(e["import"], f"{where} ({e['name']})")
+        circ = e.get("circular") or []
+        if not isinstance(circ, list) or not set(circ) <= set(e.get("causes") or {}):
+            raise InputError(f"{where} ({e['name']}): circular: must list labels among its causes")
         cases.append(Case(e["name"], dict(e.get("causes") or {}),
                           capture=at(e["capture"]) if "capture" in e else None,
                           importing={**e["import"], "src": str(at(e["import"]["src"]))} if "import" in e else None,
-                          max_model_len=e.get("max_model_len")))
+                          max_model_len=e.get("max_model_len"), circular=frozenset(circ)))
     return cases
 
 
@@ -138,6 +146,8 @@ def evaluate(cases: list[Case], rules: list[Rule]) -> list[Score]:
             fired, true = rid in case.fired, rid in case.causes
             if fired and true:
                 s.tp.append(case.name)
+                if rid in case.circular:
+                    s.tp_circular.append(case.name)
             elif fired:
                 s.fp.append(case.name)
             elif true:
@@ -153,13 +163,18 @@ def table(scores: list[Score], cases: list[Case]) -> str:
     """The Markdown table docs/rules.md carries (GitHub renders it; it reads as text too)."""
     out = [f"Over {sum(not c.error for c in cases)} labelled captures "
            f"({sum(1 for c in cases if c.capture)} real-server captures, {sum(1 for c in cases if c.importing)} public files).",
-           "", "| rule | labelled | fired | TP | FP | FN | precision | recall | false positives / misses |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "", "| rule | labelled | fired | TP | of them circular | FP | FN | precision | recall | false positives / misses |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for s in scores:
         name = f"`{s.rule}`" + (" (no rule)" if not s.has_rule else " (experimental)" if s.experimental else "")
         wrong = ", ".join([f"+{n}" for n in s.fp] + [f"−{n}" for n in s.fn]) or ""
-        out.append(f"| {name} | {len(s.tp) + len(s.fn)} | {len(s.tp) + len(s.fp)} | {len(s.tp)} | {len(s.fp)} | "
+        circ = f"**{len(s.tp_circular)}** (circular)" if s.tp_circular else "0"
+        out.append(f"| {name} | {len(s.tp) + len(s.fn)} | {len(s.tp) + len(s.fp)} | {len(s.tp)} | {circ} | {len(s.fp)} | "
                    f"{len(s.fn)} | {_pct(s.precision)} | {_pct(s.recall)} | {wrong} |")
+    n_tp, n_circ = sum(len(s.tp) for s in scores), sum(len(s.tp_circular) for s in scores)
+    out += ["", f"{n_circ} of {n_tp} true positives are circular: their label restates the rule's own signal and "
+                "threshold (`circular:` in the labels), so they agree by construction. A consistency check on the "
+                "data the rules were tuned on, not an accuracy measure (that is docs/accuracy.md, from benchmarks/faults)."]
     errors = [c for c in cases if c.error]
     if errors:
         out += ["", *[f"could not diagnose {c.name}: {c.error}" for c in errors]]
@@ -168,7 +183,7 @@ def table(scores: list[Score], cases: list[Case]) -> str:
 
 def to_json(scores: list[Score], cases: list[Case]) -> dict[str, Any]:
     return {
-        "rules": [{"rule": s.rule, "has_rule": s.has_rule, "experimental": s.experimental, "tp": s.tp, "fp": s.fp, "fn": s.fn,
+        "rules": [{"rule": s.rule, "has_rule": s.has_rule, "experimental": s.experimental, "tp": s.tp, "tp_circular": s.tp_circular, "fp": s.fp, "fn": s.fn,
                    "precision": s.precision, "recall": s.recall} for s in scores],
         "captures": [{"name": c.name, "labels": sorted(c.causes), "fired": sorted(c.fired), "error": c.error or None}
                      for c in cases],

@@ -13,6 +13,8 @@ over the incident's own span, so the numbers describe the incident, not one wind
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,6 +32,13 @@ from .rules import SEVERITY_RANK, Rule
 #: evaluations per capture at most: a day at ~15-minute resolution (each evaluation looks
 #: back at least one step, so nothing between them is skipped; only boundaries get coarser)
 MAX_STEPS = 100
+
+#: a capture with at least this many requests has its windows judged by forked workers (which
+#: share the prepared columns copy-on-write); below it the fork and the results' trip back cost
+#: more than the windows (benchmarks/bench_diagnose.py)
+PARALLEL_MIN_REQUESTS = 200_000
+#: forked workers at most (``Options.workers=0``: one a core up to this)
+MAX_WORKERS = 4
 
 
 @dataclass
@@ -49,6 +58,10 @@ class Options:
     default_objectives: bool = True
     #: the objectives judged, resolved once per capture by :meth:`resolve` (defaults, file, --slo)
     objectives: tuple[Objective, ...] | None = None
+    #: processes that judge the windows of a capture of PARALLEL_MIN_REQUESTS or more (forked, so
+    #: POSIX only): 1 judges them here (the library's default: no fork inside a caller's process,
+    #: the live sidecar's among them), 0 one a core (the CLI's)
+    workers: int = 1
 
     def resolve(self, model: str | None = None) -> "Options":
         """These options with ``objectives`` filled for a capture of ``model`` (idempotent)."""
@@ -144,6 +157,62 @@ def match_all(rules: list[Rule], w: Window, slo: dict[str, float]) -> list[Match
     return [INACTIVE if m.ok and set(rule.suppressed_by) & active else m for rule, m in zip(rules, got)]
 
 
+#: (prep, rules, slo) in a forked worker of :func:`_judge_windows` (inherited, never pickled)
+_FORKED: tuple[Prepared, list[Rule], dict[str, float]] | None = None
+
+
+def _judge_some(bounds: list[tuple[int, float, float]]) -> tuple[list[tuple[int, list[Match]]], set[str]]:
+    """In a forked worker: match_all on the windows ``(k, t0, t1)``, and the signals they knew."""
+    assert _FORKED is not None
+    prep, rules, slo = _FORKED
+    got = [(k, match_all(rules, prep.window(t0, t1), slo)) for k, t0, t1 in bounds]
+    return got, set(prep.memo.get("known_signals", ()))
+
+
+def _workers(prep: Prepared, n_windows: int, opt: Options) -> int:
+    if opt.workers == 1 or n_windows < 4 or len(prep.t) < PARALLEL_MIN_REQUESTS:
+        return 1
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    wanted = opt.workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return max(1, min(wanted, MAX_WORKERS, n_windows - 1))
+
+
+def _judge_windows(prep: Prepared, rules: list[Rule], slo: dict[str, float], bounds: list[tuple[float, float]],
+                   opt: Options, progress: Callable[[int, int], None] | None) -> list[list[Match]]:
+    """match_all on every window ``(t0, t1)``, in order. On a large capture (``opt.workers``) the
+    windows after the first are shared among forked workers, which inherit the prepared capture
+    (the first is judged here first, so what signals memoise per capture is built once and
+    inherited); each worker's judgements and the signals it knew come back, nothing else."""
+    global _FORKED
+    n = len(bounds)
+    workers = _workers(prep, n, opt)
+    out: list[list[Match] | None] = [None] * n
+    done = 0
+    for k in range(n if workers == 1 else 1):
+        out[k] = match_all(rules, prep.window(*bounds[k]), slo)
+        done += 1
+        if progress:
+            progress(done, n)
+    if workers > 1:
+        rest = [(k, *bounds[k]) for k in range(1, n)]
+        # small interleaved parts: the workers finish together, and progress moves
+        parts = [rest[i:i + 2] for i in range(0, len(rest), 2)]
+        _FORKED = (prep, rules, slo)
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                for got, known in pool.imap_unordered(_judge_some, parts):
+                    for k, ms in got:
+                        out[k] = ms
+                    prep.memo.setdefault("known_signals", set()).update(known)
+                    done += len(got)
+                    if progress:
+                        progress(done, n)
+        finally:
+            _FORKED = None
+    return out  # type: ignore[return-value]
+
+
 def is_incident(severity: str) -> bool:
     """Warning and critical findings are incidents; info ones are observations."""
     return SEVERITY_RANK[severity] >= SEVERITY_RANK["warning"]
@@ -163,10 +232,10 @@ def activations(prep: Prepared, rules: list[Rule], opt: Options,
     last_quiet: dict[tuple[str, bool], float] = {}
     by_id = {r.id: r for r in rules}
 
+    matches = _judge_windows(prep, rules, slo, [(float(t - lookback), float(t)) for t in times], opt, progress)
     for k, t in enumerate(times):
         fresh_start = max(t - lookback, t - step) if len(times) > 1 else t - lookback
-        w = prep.window(t - lookback, t)
-        for rule, m in zip(rules, match_all(rules, w, slo)):
+        for rule, m in zip(rules, matches[k]):
             for harmful in (False, True):
                 key = (rule.id, harmful)
                 run = open_run.get(key)
@@ -184,8 +253,6 @@ def activations(prep: Prepared, rules: list[Rule], opt: Options,
                     if run is not None:
                         runs.append((rule, open_run.pop(key)))
                     last_quiet[key] = t
-        if progress:
-            progress(k + 1, len(times))
     for (rid, _), run in open_run.items():
         runs.append((by_id[rid], run))
     out = []

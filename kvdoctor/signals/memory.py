@@ -92,14 +92,23 @@ def rss_growth_corr(w):
     return _growth_mib_per_h(w.host_col("time_s"), w.host_col("server_rss_bytes"))[1]
 
 
+#: standard deviations of Poisson counting noise a change of request rate must exceed to count
+LOAD_NOISE_SD = 2.0
+
+
 @signal("load_change_frac", "fraction")
 def load_change(w):
-    """Change of request rate from the first half of the window to the second (0 = flat)."""
+    """Change of request rate from the first half of the window to the second (0 = flat). A
+    difference within the counting noise of a steady rate (Poisson: the halves' difference has a
+    standard deviation of sqrt(first + second)) reads 0: at 0.4 requests/s a 5-minute window's
+    halves hold ~60 requests each and differ by 25-40% by chance alone, which no load changed."""
     t = w.prep.t[w.req]
     if len(t) < 20 or not w.prep.arrivals_known:
         return np.nan
     mid = (w.t0 + w.t1) / 2
-    first, second = np.sum(t < mid), np.sum(t >= mid)
+    first, second = int(np.sum(t < mid)), int(np.sum(t >= mid))
+    if abs(second - first) <= LOAD_NOISE_SD * np.sqrt(first + second):
+        return 0.0
     return ratio(float(second - first), float(max(first, 1)))
 
 

@@ -166,4 +166,6 @@ class Window:
             v = REGISTRY[name].fn(self)
             v = float("nan") if v is None else float(v)
             self._memo[name] = v
+            if v == v:  # known: coverage asks "known in any window?" before computing on the whole capture
+                self.prep.memo.setdefault("known_signals", set()).add(name)
         return v

@@ -116,7 +116,9 @@ def concurrency():
     write("concurrency", recs, meta(max_running_requests=16, context_len_tokens=4096), gpu)
 
 
-def multi_turn():
+def multi_turn(window_tokens: int | None = None):
+    """Conversations of 10 turns, each resending its history. With `window_tokens` the client
+    keeps only that much history (a sliding window): the same turns, no growth per turn."""
     rng = np.random.default_rng(4)
     convs, turns = 40, 10
     arrival, prompt, out, session, turn = [], [], [], [], []
@@ -131,10 +133,13 @@ def multi_turn():
             session.append(f"conv{c}")
             turn.append(k)
             history += 30 + reply
+            if window_tokens is not None:
+                history = min(history, window_tokens)
             t += rng.uniform(8, 15)
     wl = Workload(np.array(arrival), np.array(prompt), np.array(out), session, turn)
     recs = simulate(wl, ServerModel(slots=8, tpot_per_1k_ctx=0.25, prefill_s_per_token=0.0002, seed=4), T0)
-    write("multi-turn", recs, meta(max_running_requests=8, context_len_tokens=8192))
+    name = "multi-turn" if window_tokens is None else "multi-turn-bounded"
+    write(name, recs, meta(max_running_requests=8, context_len_tokens=8192))
 
 
 def context_overflow():
@@ -250,22 +255,24 @@ def fragmentation():
                                       kv_block_size_tokens=block), eng)
 
 
-def leak():
-    """Each finished request leaves 0.4 MiB of GPU memory allocated (a per-request leak)."""
+def leak(leak_mib_per_request: float = 0.4):
+    """Each finished request leaves 0.4 MiB of GPU memory allocated (a per-request leak). With
+    0 it is the same server and load without the leak: memory flat with noise (`steady-memory`)."""
     rng = np.random.default_rng(12)
     recs = simulate(short_workload(rng, 1500, 1.0), ServerModel(slots=4, seed=12), T0)
     finished = np.sort([r.finish_s for r in recs])
-    leak_b_per_request, base_b = 0.4 * 2**20, 30 * 2**30
+    leak_b_per_request, base_b = leak_mib_per_request * 2**20, 30 * 2**30
     gpu = [GpuSample(time_s=T0 + t, gpu_index=0, mem_total_bytes=80 * 2**30, mem_util_frac=0.3,
                      mem_used_bytes=int(base_b + leak_b_per_request * np.searchsorted(finished, T0 + t)
                                         + rng.normal(0, 2**20)))
            for t in range(0, 1500, 10)]
     host = [HostSample(time_s=T0 + t, server_rss_bytes=4 * 2**30, server_cpu_cores=1.0) for t in range(0, 1500, 10)]
-    write("leak", recs, meta(max_running_requests=4), gpu + host)
+    write("leak" if leak_mib_per_request else "steady-memory", recs, meta(max_running_requests=4), gpu + host)
 
 
 if __name__ == "__main__":
     for make in (healthy, long_prompts, concurrency, multi_turn, context_overflow, kv_oom, kv_quant, tail,
-                 lambda: prefix(True), lambda: prefix(False), preemption, queueing, fragmentation, leak):
+                 lambda: prefix(True), lambda: prefix(False), preemption, queueing, fragmentation, leak,
+                 lambda: multi_turn(window_tokens=240), lambda: leak(0.0)):
         make()
 
