@@ -477,11 +477,12 @@ async def run_phase(port: int, pids: dict[str, int], n: int, mode: str, args: ar
 # --------------------------------------------------------------------------- processes
 
 class Proc:
-    def __init__(self, name: str, cmd: list[str], port: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, cmd: list[str], port: int, env: dict[str, str] | None = None,
+                 cwd: str | None = None) -> None:
         self.name, self.cmd, self.port = name, cmd, port
         self.log = tempfile.NamedTemporaryFile(prefix=f"kvd-scale-{name}-", suffix=".log", delete=False)
         self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env=env, start_new_session=True)
+                                  env=env, cwd=cwd, start_new_session=True)
 
     def wait_listening(self, timeout_s: float = 60.0) -> None:
         import socket
@@ -522,10 +523,13 @@ def start_attach(upstream: str, tmp: Path, name: str, workers: int, extra: list[
            "--listen", f"127.0.0.1:{lport}", "--gpu", "none", "--capture", str(tmp / f"cap-{name}"), "-q", *extra]
     if workers != 1:
         cmd += ["--workers", str(workers)]
-    env = None
+    env = cwd = None
     if tree:
-        env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
-    return Proc(name, cmd, pport, env=env)
+        # started in that tree: `python -m` puts the working directory ahead of PYTHONPATH, so from
+        # here it would import this tree's kvdoctor whatever PYTHONPATH says
+        cwd = str(Path(tree).resolve())
+        env = dict(os.environ, PYTHONPATH=cwd)
+    return Proc(name, cmd, pport, env=env, cwd=cwd)
 
 
 # --------------------------------------------------------------------------- figures
