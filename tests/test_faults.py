@@ -129,6 +129,13 @@ def test_cli_errors_are_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and str(bad) in r.stderr
 
 
+def test_help_teaches_the_two_sizes():
+    # its help once failed with a traceback (a bare % in an option's help)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/faults/run.py"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and not r.stderr, r.stderr[-500:]
+    assert "--quick" in r.stdout and f"{zoo.QUICK_SHARE * 100:.0f}% of each load" in r.stdout
+
+
 def test_the_quick_run_cuts_loads_but_keeps_conversations_whole():
     """The quick run sends the first QUICK_SHARE of a load (at least QUICK_MIN_REQUESTS); chained
     conversations are kept or dropped whole, so a kept one still grows turn by turn."""

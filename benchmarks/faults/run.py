@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one setting per class (its shortest, marked quick in --list), both engines, "
-                    f"{zoo.QUICK_SHARE:.0%} of each load's requests: proves the benchmark runs and scores (~12 min); "
+                    f"{zoo.QUICK_SHARE * 100:.0f}%% of each load's requests: proves the benchmark runs and scores (~12 min); "
                     "its scores are not the benchmark's figures")
     ap.add_argument("--engine", choices=["llamacpp", "vllm", "both"], default="both")
     ap.add_argument("--class", dest="classes", action="append", default=[], metavar="CLASS",
