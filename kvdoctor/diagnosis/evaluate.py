@@ -255,9 +255,17 @@ def activations(prep: Prepared, rules: list[Rule], opt: Options,
                     last_quiet[key] = t
     for (rid, _), run in open_run.items():
         runs.append((by_id[rid], run))
+    # a capture shorter than a hold (one window, so every run spans all of it): a cause active over
+    # the whole capture beside a broken objective of its symptom is named. The hold keeps a
+    # transient from paging; here the objective pages anyway (its hold is 0 s), and a cause that
+    # held through all of the harm seen is as sustained as that harm (a 28 s burst on two slots
+    # would otherwise page with no cause). Observations and symptoms no objective broke keep it.
+    broken = {rule.symptom for rule, run in runs if rule.kind == "objective" and is_incident(run[4])} \
+        if len(times) == 1 else set()
     out = []
     for rule, (start, end, conf, title, severity, quiet, first) in runs:
-        if end - start >= rule.for_s or not prep.arrivals_known:
+        if (end - start >= rule.for_s or not prep.arrivals_known
+                or (rule.symptom in broken and is_incident(severity))):
             out.append(Activation(rule, start, end, conf, title, severity, quiet, first))
     return out
 

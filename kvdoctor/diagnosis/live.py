@@ -27,6 +27,8 @@ class LiveDiagnoser:
         self._since: dict[str, float] = {}
         #: (rule id, harmful) of each rule's current hold: a change starts the hold again
         self._held: dict[str, tuple[str, bool] | None] = {}
+        #: where the first step's hold counts from: the start of all this diagnoser has seen
+        self._began: float | None = None
         self.incidents: list[Incident] = []
         #: the window of the last step (its signal values are memoised: reuse, don't recompute)
         self.last_window = None
@@ -59,6 +61,14 @@ class LiveDiagnoser:
                 self._held.pop(rule.id, None)
         by_id = {r.id: r for r in self.rules}
         firing = {rid for rid in active if now_s - self._since[rid] >= by_id[rid].for_s}
+        if self._began is None:
+            self._began = held_from
+        if now_s - self._began <= self.options.lookback_s:
+            # all it has seen fits in one window, shorter than a hold: as offline (evaluate.activations),
+            # a cause active from the first step beside a broken objective of its symptom is named
+            broken = {by_id[r].symptom for r in firing if by_id[r].kind == "objective" and is_incident(active[r].severity)}
+            firing |= {rid for rid, m in active.items()
+                       if by_id[rid].symptom in broken and is_incident(m.severity) and self._since[rid] <= self._began}
         groups = self._groups(firing, by_id, active)
         opened, closed = [], []
         for k, inc in enumerate(self.incidents):
