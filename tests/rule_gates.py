@@ -7,7 +7,8 @@ fires once active for its ``for:`` time over consecutive evaluations. A conditio
 branch needs a signal that is unknown on the window (NaN: no such source, too few samples, an
 objective not given) is never true, whatever the params say (``conditions.can_hold``). So a rule
 *could* fire on a capture when some run of consecutive windows, each with enough requests, a
-symptom that can hold and a cause that can hold, lasts its ``for:`` time. Where none does, a
+symptom that can hold and a cause that can hold, lasts its ``for:`` time (or, on a capture one
+window covers, when an objective of its symptom could break beside it). Where none does, a
 must-not-fire case on that capture proves nothing: the rule is silent by construction.
 """
 from __future__ import annotations
@@ -26,6 +27,12 @@ def _window_gate(rule, w, slo) -> str | None:
     if not any(c.when is None or C.can_hold(c.when, w.value, slo) for c in rule.causes):
         return "no cause can hold"
     return None
+
+
+def _objective_symptoms() -> set[str]:
+    from kvdoctor.diagnosis import load_rules
+
+    return {r.symptom for r in load_rules() if r.kind == "objective"}
 
 
 def _nan(x: float) -> bool:
@@ -54,5 +61,9 @@ def could_fire(rule, diag) -> str | None:
             run_start = None
             reasons[why] = reasons.get(why, 0) + 1
     if not reasons:
+        # one window, shorter than the hold: the run still fires beside a broken objective of its
+        # symptom (evaluate.activations), and an objective is a threshold too
+        if len(times) == 1 and rule.symptom in _objective_symptoms():
+            return None
         return f"no run of windows lasts its for: {rule.for_s:g} s"
     return max(reasons, key=reasons.get)
