@@ -5,10 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -55,7 +53,7 @@ def running(servers: Callable[[int], str], timeout_s: float = 20.0) -> Iterator[
     """nginx in the foreground on a temp config whose ``server``/``upstream`` blocks are
     ``servers(port)``, for a free ``port``; yields that port once nginx listens (None when nginx
     is not installed) and stops nginx on exit."""
-    from .server_base import free_port
+    from .server_base import free_port, wait_listening
 
     tmp = Path(tempfile.mkdtemp(prefix="kvd-nginx-"))
     port = free_port()
@@ -66,15 +64,7 @@ def running(servers: Callable[[int], str], timeout_s: float = 20.0) -> Iterator[
             return
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise TimeoutError(f"nginx did not listen on 127.0.0.1:{port} (config in {tmp})") from None
-                    time.sleep(0.05)
+            wait_listening(port, timeout_s, proc, f"nginx (config in {tmp}) not")
             yield port
         finally:
             proc.terminate()

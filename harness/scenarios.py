@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import contextlib
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from kvdoctor.collect.host import HostCollector
 from kvdoctor.collect.scrape import ScrapeCollector
 from kvdoctor.diagnosis import Options, load_rules
 from . import loadgen
+from .server_base import wait_listening
 from .llama_server import LlamaServer, free_port
 
 
@@ -218,17 +218,6 @@ def engine_config(scenario: Scenario, engine: str) -> dict:
     return cfg
 
 
-def _wait_port(port: int, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port}")
-
-
 class AttachedAgent:
     """kvdoctor attached to a server, running in a thread of its own (as a sidecar would)."""
 
@@ -253,7 +242,7 @@ class AttachedAgent:
 
     def __enter__(self) -> "AttachedAgent":
         self.thread.start()
-        _wait_port(self.proxy_port)
+        wait_listening(self.proxy_port)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -262,7 +251,7 @@ class AttachedAgent:
 
 
 @contextlib.contextmanager
-def _hogs(n: int):
+def hogs(n: int):
     """``n`` processes that spin on a core each: other work on the server's host."""
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
     try:
@@ -282,7 +271,7 @@ def run(scenario: Scenario, out: Path, *, log=print, engine: str = "llamacpp", s
         shutil.rmtree(out)
     timings: list[loadgen.ClientTiming] = []
     with contextlib.nullcontext(server) if server is not None else make_server(scenario, engine) as srv:
-        with AttachedAgent(srv.url, out, srv.pid, engine_config(scenario, engine)) as att, _hogs(scenario.cpu_hogs):
+        with AttachedAgent(srv.url, out, srv.pid, engine_config(scenario, engine)) as att, hogs(scenario.cpu_hogs):
             if on_attach is not None:
                 on_attach(att.agent)
             for i, phase in enumerate(scenario.phases_for(engine)):

@@ -26,6 +26,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def wait_listening(port: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None,
+                   what: str = "nothing") -> None:
+    """Return once something accepts connections on 127.0.0.1:``port``; TimeoutError after
+    ``timeout_s``, or at once when ``proc`` (the process that should listen) has exited."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+                raise TimeoutError(f"{what} listening on 127.0.0.1:{port}") from None
+            time.sleep(0.05)
+
+
 def _die_with_parent() -> None:
     """Linux: the server gets SIGTERM when the process that started it dies, so a killed test
     run or timed-out script never leaves a server spinning on the CPUs."""

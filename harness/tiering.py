@@ -24,8 +24,9 @@ from . import loadgen
 from . import nginx
 from .llama_server import LlamaServer
 
-ROUND_ROBIN = """
-    upstream pools {{ server 127.0.0.1:{a}; server 127.0.0.1:{b}; keepalive 16; }}
+#: two replicas behind one nginx upstream; ``policy`` is its balancing directive ("" = round robin)
+ROUTER = """
+    upstream pools {{ {policy} server 127.0.0.1:{a}; server 127.0.0.1:{b}; keepalive 16; }}
     server {{
         listen 127.0.0.1:{port};
         location / {{
@@ -54,7 +55,7 @@ BY_LENGTH = """
         }}
     }}"""
 
-ROUTES = {"round-robin": ROUND_ROBIN, "by-length": BY_LENGTH}
+ROUTES = {"round-robin": ROUTER, "by-length": BY_LENGTH}
 
 
 def workload() -> list[loadgen.ChatRequest]:
@@ -85,7 +86,7 @@ def record(out: Path, route: str, threads: int = 1, pin: bool = True) -> list[lo
         if pin and len(cores) >= 2:  # a core each, as two pools would have hardware of their own
             os.sched_setaffinity(a.pid, {cores[0]})
             os.sched_setaffinity(b.pid, {cores[1]})
-        with nginx.running(lambda port: ROUTES[route].format(port=port, a=a.port, b=b.port)) as port:
+        with nginx.running(lambda port: ROUTES[route].format(port=port, a=a.port, b=b.port, policy="")) as port:
             if port is None:
                 return None
             with AttachedAgent(f"http://127.0.0.1:{port}", out, None, scrape=False) as att:

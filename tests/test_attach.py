@@ -19,7 +19,7 @@ from aiohttp import web
 import kvdoctor
 from harness import loadgen
 from harness.llama_server import LlamaServer, free_port
-from harness.scenarios import _wait_port
+from harness.server_base import wait_listening
 from kvdoctor.engines import effective_config
 
 pytestmark = pytest.mark.server
@@ -74,9 +74,9 @@ def _attach(server, tmp_path, *extra, proxy=True):
     if proxy:
         args += ["--proxy", f"127.0.0.1:{pport}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_port(listen)
+    wait_listening(listen)
     if proxy:
-        _wait_port(pport)
+        wait_listening(pport)
     return proc, cap, f"http://127.0.0.1:{listen}", f"http://127.0.0.1:{pport}"
 
 
@@ -249,7 +249,7 @@ def test_readme_attach_block_runs_as_written(server, tmp_path, wait_for):
     args = [exe, *shlex.split(sub(attach))[1:], "--listen", f"127.0.0.1:{listen}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_port(pport)
+        wait_listening(pport)
         timings = asyncio.run(loadgen.run_load(f"http://127.0.0.1:{pport}", loadgen.short_prompts(6, max_tokens=16),
                                                concurrency=2))
         assert all(t.status == "ok" for t in timings)

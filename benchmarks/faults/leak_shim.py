@@ -7,10 +7,8 @@ straight line at flat load. kvdoctor watches this process as the server (``attac
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
@@ -52,22 +50,14 @@ def app(upstream: str, leak_kib: int) -> web.Application:
 @contextlib.contextmanager
 def running(upstream: str, leak_kib: int):
     """The shim in a process of its own; yields (its url, its pid)."""
-    from harness.server_base import free_port
+    from harness.server_base import free_port, wait_listening
 
     port = free_port()
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.faults.leak_shim", upstream, str(port), str(leak_kib)],
                             cwd=root)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the leak shim did not start") from None
-                time.sleep(0.05)
+        wait_listening(port, 20.0, proc, "the leak shim not")
         yield f"http://127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()

@@ -8,8 +8,6 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +18,8 @@ import numpy as np
 import kvdoctor
 from harness import loadgen, nginx
 from harness.llama_server import LlamaServer
-from harness.scenarios import AttachedAgent, quality_prompts
+from harness.scenarios import AttachedAgent, hogs, quality_prompts
+from harness.tiering import ROUTER
 from kvdoctor.diagnosis import Options, diagnose
 
 from .zoo import LLAMACPP, VLLM, VLLM_SERVERS, Fault, cut
@@ -64,17 +63,6 @@ class ServerPool:
 
     def __exit__(self, *exc):
         self.close()
-
-
-@contextlib.contextmanager
-def _hogs(n: int):
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def _incident_json(inc, now_s: float | None = None) -> dict:
@@ -124,17 +112,6 @@ GATE = """
         location / {{ proxy_pass http://127.0.0.1:{upstream}; }}
     }}"""
 
-ROUTER = """
-    upstream pools {{ {policy} server 127.0.0.1:{a}; server 127.0.0.1:{b}; keepalive 16; }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://pools;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }}
-    }}"""
 #: affinity by a plain hash of the tenant (not ``consistent``: ketama places keys by the servers' addresses, so
 #: with random ports three tenants could all land on one replica); tenants 0 and 2 go to one, 1 to the other
 POLICIES = {"round-robin": "", "affinity": "hash $http_x_tenant;"}
@@ -263,7 +240,7 @@ def run_one(fault: Fault, engine: str, out: Path, pool: ServerPool, *, log=print
         rec["slo"] = slo
         on_change = lambda what, inc: opened.append({"what": what, "t": time.time(), **_incident_json(inc)})  # noqa: E731
         with AttachedAgent(url, out, pid, _engine_config(fault, engine), step_s=live_step_s, scrape=scrape, slo=slo,
-                           on_change=on_change) as att, _hogs(fault.hogs), _watch_live(att, rec):
+                           on_change=on_change) as att, hogs(fault.hogs), _watch_live(att, rec):
             injector = None
             rec["load_start_s"] = time.time()
             for phase in fault.loads:
