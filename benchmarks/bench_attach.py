@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness import loadgen  # noqa: E402
 from harness.llama_server import LlamaServer, free_port  # noqa: E402
-from harness.scenarios import _wait_port  # noqa: E402
+from harness.server_base import wait_listening  # noqa: E402
 
 
 def main() -> None:
@@ -40,8 +40,8 @@ def main() -> None:
                "--proxy", f"127.0.0.1:{pport}", "--capture", f"/tmp/kvd-bench-attach-{listen}", "-q"]
         cmd += ["--nvml-replay", args.nvml_replay, "--gpu", "auto"] if args.nvml_replay else ["--gpu", "none"]
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-        _wait_port(listen)
-        _wait_port(pport)
+        wait_listening(listen)
+        wait_listening(pport)
         ps = psutil.Process(proc.pid)
         time.sleep(3)  # start-up (imports) is not the steady state
         c0, t0, peak, workers_peak = ps.cpu_times(), time.monotonic(), 0, 0
