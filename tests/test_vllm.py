@@ -30,6 +30,7 @@ from conftest import cause_tops, causes_fired, pages
 from harness import loadgen
 from harness import scenarios as S
 from harness.llama_server import free_port
+from harness.server_base import wait_listening
 from harness.vllm_server import SERVED_NAMES, VLLM_VERSION, VllmServer
 from kvdoctor.diagnosis import Options, diagnose, load_rules
 from kvdoctor.engines import effective_config, parse_scrape
@@ -303,7 +304,7 @@ class TestMainServer:
         args = [exe, *shlex.split(cmd)[1:], "--listen", f"127.0.0.1:{free_port()}", "--gpu", "none", "-q"]
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            S._wait_port(proxy_port, timeout_s=60)
+            wait_listening(proxy_port, timeout_s=60)
             proxied = asyncio.run(loadgen.run_load(f"http://127.0.0.1:{proxy_port}",
                                                    S._fixed(loadgen.short_prompts(3, max_tokens=8, seed=6)),
                                                    concurrency=1, timeout_s=120))
