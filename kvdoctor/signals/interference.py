@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..objectives import ROUTE_SEP
 from .arrays import is_sorted
+from .harm import KINDS, Reading, _kind, _route_mask, readings
 from .latency import prompt_median_p90
 from .quantiles import median, percentiles
 from .registry import FIT_MIN_X_SPREAD_FRAC, fit, percentile, ratio, signal
@@ -270,3 +272,73 @@ def short_tpot_long(w):
     if hit.sum() < 3 or (~hit).sum() < 3:
         return float("nan")
     return ratio(median(t[hit]), median(t[~hit]))
+
+
+# -- counterfactual: the objective without the stalls -----------------------------------------
+# A shape (stalls hold a third of decode time) says prefills share the steps; whether that is what
+# hurts users is a question for the objective: take each stall's excess over its request's own
+# step out of that request's decode time (what a step that carried no prefill would have cost)
+# and read the TPOT objectives again. Where every broken one would then hold, the stalls are the
+# breach, however small their share; where one would still be broken, something else breaks it
+# too. No threshold of its own: the stall is the gap table's (2x the request's step, overlapping a
+# prefill), the objectives and the breach test are the user's (signals/harm.py).
+
+
+def _stall_excess(g: GapTable) -> np.ndarray:
+    """Each gap's stall: its excess over the request's step where it overlaps a prefill and is
+    2x that step or more (what itl_prefill_stall_share adds up), else 0."""
+    step = g.gap_s - g.excess_s
+    return np.where(_hit(g) & (g.gap_s >= STALL_OVER_STEP * step), g.excess_s, 0.0)
+
+
+def tpot_without_stalls(w) -> np.ndarray | None:
+    """Each of the window's requests' TPOT with its prefill stalls taken out of its decode time
+    (scaled by the stalled share of its recorded gaps, so a strided gap table reads the same);
+    requests with no gaps recorded keep their TPOT. None without a gap table."""
+    key = "tpot_without_stalls"
+    if key not in w._cache:
+        g = window_gaps(w)
+        out = None
+        if g is not None:
+            n = w.req.stop - w.req.start
+            local = g.row - w.req.start
+            stalled = np.bincount(local, weights=_stall_excess(g), minlength=n)
+            total = np.bincount(local, weights=g.gap_s, minlength=n)
+            kept = np.divide(total - stalled, total, out=np.ones(n), where=total > 0)
+            out = w.r("tpot_s") * kept
+        w._cache[key] = out
+    return w._cache[key]
+
+
+@signal("tpot_p99_without_prefill_stalls_s", "s")
+def tpot_p99_without_stalls(w):
+    """TPOT P99 with every prefill stall taken out of the decode time it sits in: what the
+    window's streams would have seen had no step carried another request's prefill."""
+    v = tpot_without_stalls(w)
+    return float("nan") if v is None else percentile(v, 99, MIN_OVERLAP_GAPS)
+
+
+@signal("tpot_breach_without_prefill_stalls", "bool")
+def tpot_breach_without_stalls(w):
+    """1 when a broken TPOT (or ITL) objective would still be broken with every prefill stall
+    taken out of the decode time (per request for TPOT, per gap for ITL), 0 when each broken one
+    would then hold: the stalls are the breach. NaN when none is broken or there is no gap table."""
+    broken = [r for r in readings(w) if _kind(r.signal) in KINDS["tpot"] and r.broken]
+    tpot = tpot_without_stalls(w)
+    if not broken or tpot is None:
+        return float("nan")
+    g = window_gaps(w)
+    for r in broken:
+        sig, _, route = r.signal.partition(ROUTE_SEP)
+        if _kind(sig) == "itl":
+            if route:  # a route's ITL objective is read from per-request P99s: no gaps to take out
+                return 1.0
+            v = g.gap_s - _stall_excess(g)
+        else:
+            v = tpot if not route else tpot[_route_mask(w, route)]
+        v = v[np.isfinite(v)]
+        q = int(sig.split("_")[1][1:])
+        again = Reading(r.signal, r.target, percentile(v, q), int((v > r.target).sum()), len(v), r.budget)
+        if again.broken:
+            return 1.0
+    return 0.0
