@@ -2,6 +2,7 @@
 stated objective that is broken always does (issue 31)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -113,6 +114,41 @@ def test_a_capture_shorter_than_a_hold_names_the_cause_of_a_broken_objective():
     assert any("queueing-saturation" in i.rules_seen for i in replay(cap, load_rules()))
     met = diagnose(cap, options=Options(slo=parse_slo(["ttft_p99=60s"])))
     assert "queueing-saturation" not in {c.rule.id for i in met.incidents for c in i.causes}
+
+
+def _short_samples() -> list[str]:
+    """Shipped samples with send times that one live window (the default 5-minute lookback) covers."""
+    out = []
+    for path in sorted(p for p in SAMPLES.iterdir() if (p / "meta.json").exists()):
+        cap = kvdoctor.load(path)
+        if len(cap.requests) and np.isfinite(cap.requests.num("arrival_s")).any() and cap.end_s - cap.start_s <= Options().lookback_s:
+            out.append(path.name)
+    return out
+
+
+@pytest.mark.parametrize("sample", _short_samples())
+def test_attach_steps_over_a_short_capture_end_where_diagnose_ends(sample):
+    """The sidecar evaluates every 5 s (attach --step) while all it has seen fits in one window; at
+    the capture's end its open pages name the causes diagnose names on the same capture (the live
+    verdict is offline's on the capture so far). Before, a cause had to be active from the first
+    step: parallel-2, context-overflow and vllm-multi-turn ended live with a cause fewer."""
+    from kvdoctor.diagnosis import load_rules
+    from kvdoctor.diagnosis.coverage import context_limit
+    from kvdoctor.diagnosis.live import LiveDiagnoser
+    from kvdoctor.signals import Prepared
+
+    cap = kvdoctor.load(SAMPLES / sample)
+    opt = Options().resolve(cap.meta.model)
+    prep = Prepared(cap, opt.targets, opt.stated)
+    context_limit(prep, opt.max_model_len_tokens)
+    live = LiveDiagnoser(load_rules(), dataclasses.replace(opt, step_s=5.0))
+    for t in np.arange(prep.start_s + 5, prep.end_s + 5, 5.0):
+        live.step_prepared(prep, float(min(t, prep.end_s)))
+
+    def causes(incs):
+        return sorted((i.symptom, sorted(c.rule.id for c in i.causes)) for i in incs)
+
+    assert causes(i for i in live.incidents if i.open and not i.observation) == causes(pages(diagnose(cap)))
 
 
 @pytest.mark.parametrize("sample", ["healthy", "healthy-again", "vllm-prefix-cache-on", "multi-turn"])

@@ -64,11 +64,11 @@ class LiveDiagnoser:
         if self._began is None:
             self._began = held_from
         if now_s - self._began <= self.options.lookback_s:
-            # all it has seen fits in one window, shorter than a hold: as offline (evaluate.activations),
-            # a cause active from the first step beside a broken objective of its symptom is named
+            # all it has seen fits in one window, shorter than a hold: as offline (evaluate.activations)
+            # would judge the capture so far, a cause active now beside a broken objective of its
+            # symptom is named (offline judges it once, so whatever is active on it spans it)
             broken = {by_id[r].symptom for r in firing if by_id[r].kind == "objective" and is_incident(active[r].severity)}
-            firing |= {rid for rid, m in active.items()
-                       if by_id[rid].symptom in broken and is_incident(m.severity) and self._since[rid] <= self._began}
+            firing |= {rid for rid, m in active.items() if by_id[rid].symptom in broken and is_incident(m.severity)}
         groups = self._groups(firing, by_id, active)
         opened, closed = [], []
         for k, inc in enumerate(self.incidents):
