@@ -132,6 +132,17 @@ def readings(w) -> list[Reading]:
     return out
 
 
+def reading_of(key: str, target: float, values: np.ndarray) -> Reading:
+    """A latency objective (``key``: its signal, e.g. ``tpot_p99_s``, with any ``@route``) read on
+    these values: the percentile its name gives, how many are over target; unmeasured (NaN, none
+    counted) below MIN_REQUESTS. For a what-if: the same objective on values a cause left out of."""
+    v = values[np.isfinite(values)]
+    q = int(key.partition(ROUTE_SEP)[0].split("_")[1][1:])
+    if len(v) < MIN_REQUESTS:
+        return Reading(key, target, np.nan, 0, 0, 1 - q / 100)
+    return Reading(key, target, percentile(v, q), int((v > target).sum()), len(v), 1 - q / 100)
+
+
 def _route_mask(w, route: str) -> np.ndarray:
     """Which of the window's requests were sent to ``route``."""
     codes, labels = w.prep.memoised("route_codes", lambda: _route_codes(w.prep))

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..objectives import ROUTE_SEP
 from .arrays import is_sorted
-from .harm import KINDS, Reading, _kind, _route_mask, readings
+from .harm import KINDS, _kind, _route_mask, reading_of, readings
 from .latency import prompt_median_p90
 from .quantiles import median, percentiles
 from .registry import FIT_MIN_X_SPREAD_FRAC, fit, percentile, ratio, signal
@@ -336,9 +336,6 @@ def tpot_breach_without_stalls(w):
             v = g.gap_s - _stall_excess(g)
         else:
             v = tpot if not route else tpot[_route_mask(w, route)]
-        v = v[np.isfinite(v)]
-        q = int(sig.split("_")[1][1:])
-        again = Reading(r.signal, r.target, percentile(v, q), int((v > r.target).sum()), len(v), r.budget)
-        if again.broken:
+        if reading_of(r.signal, r.target, v).broken:
             return 1.0
     return 0.0
