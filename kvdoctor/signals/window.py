@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..numeric import percentile_rank
 from .arrays import is_sorted
+from .quantiles import Ranked
 from .registry import FIT_MIN_X_SPREAD_FRAC, REGISTRY, fit, split_medians
 from .series import tpot_steps
 
@@ -134,17 +134,16 @@ class Window:
         return values[np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))]
 
     def pct(self, column: str, q: float, min_n: int = 1) -> float:
-        """Percentile (numpy's linear method) of a request column; the column is sorted once
-        per window and every percentile of it is then an index lookup."""
-        key = f"sorted:{column}"
+        """Percentile (numpy's linear method) of a request column's known values; each column is
+        partitioned only as far as the percentiles asked of it need (quantiles.Ranked), once per window."""
+        key = f"ranked:{column}"
         s = self._cache.get(key)
         if s is None:
             a = self.r(column)
-            s = self._cache[key] = np.sort(a[~np.isnan(a)])
+            s = self._cache[key] = Ranked(a[~np.isnan(a)])
         if len(s) < max(min_n, 1):
             return float("nan")
-        lo, hi, frac = percentile_rank(len(s), q)
-        return float(s[lo] + (s[hi] - s[lo]) * frac)
+        return s.percentile(q)
 
     def medians_by(self, key: str, value: str, lo_q: float = 25, hi_q: float = 75,
                    min_n: int = 8) -> tuple[float, float]:
