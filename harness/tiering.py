@@ -58,14 +58,15 @@ BY_LENGTH = """
 ROUTES = {"round-robin": ROUTER, "by-length": BY_LENGTH}
 
 
-def workload() -> list[loadgen.ChatRequest]:
-    """48 short prompts and 12 of ~1,000 tokens (one in five), every request decoding exactly 16
-    tokens. Sized so that one single-thread server can take every long prompt (~6 s of prefill
-    each, one every ~10 s: the long pool about 60% busy) and the load is stable either way."""
+def workload(n_long: int = 12) -> list[loadgen.ChatRequest]:
+    """4 short prompts for each of ``n_long`` of ~1,000 tokens (one in five; the shipped samples:
+    48 and 12), every request decoding exactly 16 tokens. Sized so that one single-thread server
+    can take every long prompt (~6 s of prefill each, one every ~10 s: the long pool about 60%
+    busy) and the load is stable either way."""
     from .scenarios import _fixed, _mix
 
-    return _fixed(_mix(loadgen.short_prompts(48, max_tokens=16),
-                       loadgen.long_prompts(12, tokens=1000, max_tokens=16), every=4))
+    return _fixed(_mix(loadgen.short_prompts(4 * n_long, max_tokens=16),
+                       loadgen.long_prompts(n_long, tokens=1000, max_tokens=16), every=4))
 
 
 #: open-loop arrivals: the same Poisson times (seeded) in both runs
@@ -73,9 +74,11 @@ ARRIVAL_RATE_PER_S = 0.5
 CONCURRENCY = 16
 
 
-def record(out: Path, route: str, threads: int = 1, pin: bool = True) -> list[loadgen.ClientTiming] | None:
-    """Run the load through kvdoctor -> nginx (``route``) -> two llama-servers; the capture lands
-    in ``out`` with client-timings.jsonl beside it. None when nginx is not installed."""
+def record(out: Path, route: str, threads: int = 1, pin: bool = True,
+           n_long: int = 12) -> list[loadgen.ClientTiming] | None:
+    """Run the load (``workload(n_long)``, 2 min at 12) through kvdoctor -> nginx (``route``) ->
+    two llama-servers; the capture lands in ``out`` with client-timings.jsonl beside it. None when
+    nginx is not installed."""
     from .scenarios import AttachedAgent
 
     if out.exists():
@@ -90,7 +93,7 @@ def record(out: Path, route: str, threads: int = 1, pin: bool = True) -> list[lo
             if port is None:
                 return None
             with AttachedAgent(f"http://127.0.0.1:{port}", out, None, scrape=False) as att:
-                timings = asyncio.run(loadgen.run_load(att.proxy_url, workload(), concurrency=CONCURRENCY,
+                timings = asyncio.run(loadgen.run_load(att.proxy_url, workload(n_long), concurrency=CONCURRENCY,
                                                        arrival_rate_per_s=ARRIVAL_RATE_PER_S, timeout_s=300, seed=11))
                 time.sleep(1.0)
     loadgen.write_timings(out / "client-timings.jsonl", timings)
