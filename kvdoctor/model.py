@@ -104,6 +104,10 @@ class HostSample:
     host_cpu_frac: float | None = None
     #: logical CPUs of the host: host_cpu_frac x this - server_cpu_cores = cores other processes took
     host_cpu_count: int | None = field(default=None, metadata={"column": "int64"})
+    #: the server tree's threads' time runnable but not running (the kernel's run-queue delay,
+    #: /proc/PID/task/TID/schedstat), in cores: 1.0 = on average one thread waited for a CPU
+    #: (Linux only; None elsewhere and on the first collect)
+    server_run_wait_cores: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

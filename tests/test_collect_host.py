@@ -203,3 +203,82 @@ def test_tree_looked_up_every_refresh_not_every_collect(server, monkeypatch):
     now[0] += 10.0  # the refresh period passed: looked up again
     c.collect(now[0])
     assert len(lookups) == 2 and c.server_pids() == {srv.proc.pid, srv.child_pid}
+
+
+# a parent whose N children spin pinned to one CPU: they take turns on it, so each waits for the
+# core about (N - 1) / N of the time it could run
+PINNED = """
+import os, subprocess, sys
+cpu, n = int(sys.argv[1]), int(sys.argv[2])
+burn = "import time\\nend = time.time() + 60\\nwhile time.time() < end: pass"
+kids = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(n)]
+for k in kids:
+    os.sched_setaffinity(k.pid, {cpu})
+print("ready", flush=True)
+sys.stdin.read()
+for k in kids:
+    k.kill()
+"""
+
+
+def _run_wait(n: int, cpu: int, seconds: float = 1.5) -> HostSample:
+    proc = subprocess.Popen([sys.executable, "-c", PINNED, str(cpu), str(n)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        c = HostCollector(pid=proc.pid)
+        c.collect(1.0)  # the baseline
+        time.sleep(seconds)
+        return c.collect(2.0)[0]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
+                    reason="no per-thread schedstat here (not Linux, or schedstats off)")
+def test_run_queue_wait_of_the_server_tree_is_measured():
+    """Three processes pinned to one CPU wait for it about two thirds of their runnable time; one
+    alone on a CPU of its own waits little (the machine's other work aside)."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    crowded = _run_wait(3, cpu)
+    alone = _run_wait(1, cpu)
+    assert crowded.server_run_wait_cores is not None and alone.server_run_wait_cores is not None
+    # three runnable, one running: ~2 cores' worth of waiting, ~1 core of CPU between them
+    assert crowded.server_cpu_cores == pytest.approx(1.0, abs=0.35)
+    assert crowded.server_run_wait_cores >= 1.2
+    share = crowded.server_run_wait_cores / (crowded.server_run_wait_cores + crowded.server_cpu_cores)
+    assert share >= 0.5
+    assert alone.server_run_wait_cores < 0.5 * crowded.server_run_wait_cores
+
+
+def test_run_wait_reads_none_for_a_process_that_is_gone():
+    from kvdoctor.collect.host import run_wait_s
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert run_wait_s(p.pid) is None
+    assert run_wait_s(os.getpid()) is not None or not os.path.exists("/proc/self/schedstat")
+
+
+def test_run_wait_share_signal_from_host_samples():
+    """server_run_wait_frac: the median over host samples of wait / (wait + CPU); samples without
+    the reading (older captures) leave it unknown."""
+    import numpy as np
+
+    from kvdoctor.capture.memory import from_records
+    from kvdoctor.model import CaptureMeta
+    from kvdoctor.signals.prepared import Prepared
+
+    def share(samples):
+        prep = Prepared(from_records(CaptureMeta(), host=samples))
+        return prep.window(0.0, 100.0).value("server_run_wait_frac")
+
+    # the two llama-server readings measured beside two spinning processes and without them
+    crowded = [HostSample(time_s=float(t), server_cpu_cores=1.09, server_run_wait_cores=0.97) for t in range(1, 6)]
+    assert share(crowded) == pytest.approx(0.97 / 2.06)
+    calm = [HostSample(time_s=float(t), server_cpu_cores=1.95, server_run_wait_cores=0.14) for t in range(1, 6)]
+    assert share(calm) == pytest.approx(0.14 / 2.09)
+    assert np.isnan(share([HostSample(time_s=1.0, server_cpu_cores=1.0)]))  # recorded before the field
+    assert share([HostSample(time_s=1.0, server_cpu_cores=0.0, server_run_wait_cores=0.0)]) != \
+        share([HostSample(time_s=1.0, server_cpu_cores=0.0, server_run_wait_cores=0.0)])  # idle: unknown (NaN)

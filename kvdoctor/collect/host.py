@@ -8,6 +8,11 @@ the process and all its descendants (vLLM's engine core and workers, ...):
   of reaped children, so short-lived helpers count) over wall time, summed over the processes seen
   in both collects (one that joined the tree counts from its second sample, not with all the CPU
   time it had when found); None on the first collect
+* ``server_run_wait_cores``: change of the tree's threads' run-queue delay (time runnable but waiting
+  for a CPU: the second field of Linux's /proc/PID/task/TID/schedstat) over wall time, summed the
+  same way; the direct reading of "the engine's threads wait for a core", which the host's busy share
+  cannot give (it counts the sidecar and a load generator as other processes too). A thread that
+  exits takes its delay with it, so a sum that fell reads as 0 for that interval
 * ``server_rss_bytes``: the sum of the tree's RSS (shared pages count once per process)
 * ``host_mem_used_bytes``: total - available; ``host_cpu_frac``: busy share of all CPUs since the last collect;
   ``host_cpu_count``: logical CPUs (so the cores other processes took can be told from the server's)
@@ -25,6 +30,7 @@ on each collect, and a new pid yields a ``server-restart`` Event.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from typing import Any
 
@@ -48,8 +54,8 @@ class HostCollector:
         self._last_pid: int | None = None
         self._gone: int | None = None  # pid seen to exit, until a server-down event says so
         self._tree_pids: frozenset[int] = frozenset()
-        # (clock, root pid, {pid: cpu s}) at the last collect
-        self._prev_tree: tuple[float, int, dict[int, float]] | None = None
+        # (clock, root pid, {pid: cpu s}, {pid: run-queue wait s}) at the last collect
+        self._prev_tree: tuple[float, int, dict[int, float], dict[int, float]] | None = None
         self._tree: list[Any] = []  # the root and its descendants as last looked up
         self._tree_at = float("-inf")  # clock at that lookup; -inf: look up at the next collect
         self._prev_host: tuple[float, float] | None = None  # (busy s, total s) over all CPUs
@@ -105,6 +111,7 @@ class HostCollector:
                 pass
             self._tree, self._tree_at = tree, t_now
         cpu: dict[int, float] = {}
+        wait: dict[int, float] = {}
         rss = 0
         for p in self._tree:
             try:
@@ -113,6 +120,9 @@ class HostCollector:
                     cpu[p.pid] = (t.user + t.system + getattr(t, "children_user", 0.0)
                                   + getattr(t, "children_system", 0.0))
                     rss += p.memory_info().rss
+                w = run_wait_s(p.pid)
+                if w is not None:
+                    wait[p.pid] = w
             except ps.AccessDenied:
                 if p is proc:
                     raise SourceUnavailable(f"cannot read server process {p.pid} (access denied); "
@@ -120,13 +130,15 @@ class HostCollector:
             except ps.NoSuchProcess:
                 self._tree_at = float("-inf")  # a member exited: look the tree up again next time
         self._tree_pids = frozenset(cpu)
-        cores = None
+        cores = waiting = None
         prev = self._prev_tree
         if prev is not None and prev[1] == proc.pid and t_now > prev[0]:
             cores = max(sum(c - prev[2][pid] for pid, c in cpu.items() if pid in prev[2]), 0.0) / (t_now - prev[0])
-        self._prev_tree = (t_now, proc.pid, cpu)
+            if wait and prev[3]:
+                waiting = max(sum(w - prev[3][pid] for pid, w in wait.items() if pid in prev[3]), 0.0) / (t_now - prev[0])
+        self._prev_tree = (t_now, proc.pid, cpu, wait)
         out.insert(0, HostSample(time_s=now_s, server_cpu_cores=cores, server_rss_bytes=rss, server_pid=proc.pid,
-                                 **host))
+                                 server_run_wait_cores=waiting, **host))
         return out
 
     def _cpu_count(self) -> int | None:
@@ -206,3 +218,23 @@ class HostCollector:
             return self._ps.Process(pid).ppid()
         except self._ps.Error:
             return None
+
+
+def run_wait_s(pid: int) -> float | None:
+    """Seconds the threads of process ``pid`` have spent runnable but waiting for a CPU (the sum
+    of /proc/PID/task/*/schedstat's run-queue delay, nanoseconds); None without that file (not
+    Linux, schedstats off, the process gone)."""
+    total, seen = 0, False
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                fields = f.read().split()
+            total += int(fields[1])
+            seen = True
+        except (OSError, IndexError, ValueError):  # a thread that exited between the two reads
+            continue
+    return total / 1e9 if seen else None
