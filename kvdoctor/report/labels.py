@@ -67,7 +67,8 @@ LABELS: dict[str, str] = {
     "itl_long_prefill_overlap_over_plain_p50": "gap during a long prefill vs plain",
     "tpot_p99_without_prefill_stalls_s": "TPOT P99 without the stalls",
     "tpot_breach_without_prefill_stalls": "decode objective broken without the stalls",
-    "host_other_cpu_frac": "host CPU taken by others", "server_run_wait_frac": "server threads waiting for a CPU", "mem_bw_util_p50": "memory bandwidth P50",
+    "host_other_cpu_frac": "host CPU taken by others", "mem_bw_util_p50": "memory bandwidth P50",
+    "server_run_wait_frac": "server threads waiting for a CPU",
     "mem_bw_util_p90": "memory bandwidth P90",
     # turns
     "turn_max": "deepest turn", "context_tokens_per_turn": "history added per turn", "sessions": "conversations",

@@ -31,19 +31,22 @@ def percentiles(a: np.ndarray, qs: Sequence[float]) -> list[float]:
     n = len(a)
     if n == 0:
         return [float("nan")] * len(qs)
-    spots = []
-    for q in qs:
-        virtual = (n - 1) * (q / 100)
-        if virtual >= n - 1:  # numpy reads the last value
-            spots.append((n - 1, n - 1, 0.0))
-        elif virtual < 0:
-            spots.append((0, 0, 0.0))
-        else:
-            lo = int(np.floor(virtual))
-            spots.append((lo, lo + 1, virtual - lo))
+    spots = [_spot(n, q) for q in qs]
     ranks = sorted({i for lo, hi, _ in spots for i in (lo, hi)})
     value = dict(zip(ranks, order_stats(a, ranks)))
     return [_lerp(value[lo], value[hi], t) for lo, hi, t in spots]
+
+
+def _spot(n: int, q: float) -> tuple[int, int, float]:
+    """Where numpy's linear percentile ``q`` of ``n`` values lies: the two ranks and how far
+    between them (numpy's virtual index ``(n - 1) * (q / 100)``, in its order of operations)."""
+    virtual = (n - 1) * (q / 100)
+    if virtual >= n - 1:  # numpy reads the last value
+        return n - 1, n - 1, 0.0
+    if virtual < 0:
+        return 0, 0, 0.0
+    lo = int(np.floor(virtual))
+    return lo, lo + 1, virtual - lo
 
 
 def order_stats(a: np.ndarray, ranks: Sequence[int]) -> list[float]:
@@ -104,12 +107,9 @@ class Ranked:
         n = len(self.values)
         if n == 0:
             return float("nan")
-        virtual = (n - 1) * (q / 100)  # numpy's order of operations
-        lo = int(virtual)
-        hi = min(lo + 1, n - 1)
+        lo, hi, t = _spot(n, q)
         a = self.at(lo)
-        b = self.at(hi) if hi != lo else a
-        return _lerp(a, b, virtual - lo)
+        return _lerp(a, self.at(hi) if hi != lo else a, t)
 
 
 def _lerp(a: float, b: float, t: float) -> float:
