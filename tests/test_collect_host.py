@@ -262,8 +262,8 @@ def test_run_wait_reads_none_for_a_process_that_is_gone():
 
 
 def test_run_wait_share_signal_from_host_samples():
-    """server_run_wait_frac: the median over host samples of wait / (wait + CPU); samples without
-    the reading (older captures) leave it unknown."""
+    """server_run_wait_frac: the window's wait over its wait + CPU, summed over host samples (busy
+    seconds weigh by their work); samples without the reading (older captures) leave it unknown."""
     import numpy as np
 
     from kvdoctor.capture.memory import from_records
@@ -279,5 +279,11 @@ def test_run_wait_share_signal_from_host_samples():
     assert share(crowded) == pytest.approx(0.97 / 2.06)
     calm = [HostSample(time_s=float(t), server_cpu_cores=1.95, server_run_wait_cores=0.14) for t in range(1, 6)]
     assert share(calm) == pytest.approx(0.14 / 2.09)
+    # a server idle most seconds (a short load, then the sidecar's tail): the idle seconds' few
+    # microseconds of wait, however large a share of nothing, do not make a calm server crowded
+    # (a median of per-second shares read 2/3 here; the quick fault run's rate-limit capture 0.42)
+    idle = [HostSample(time_s=float(t), server_cpu_cores=0.001, server_run_wait_cores=0.002) for t in range(6, 12)]
+    assert share(calm + idle) == pytest.approx((5 * 0.14 + 6 * 0.002) / (5 * 2.09 + 6 * 0.003))
+    assert share(calm + idle) < 0.1
     assert np.isnan(share([HostSample(time_s=1.0, server_cpu_cores=1.0)]))  # recorded before the field
     assert np.isnan(share([HostSample(time_s=1.0, server_cpu_cores=0.0, server_run_wait_cores=0.0)]))  # idle: unknown

@@ -107,10 +107,11 @@ def test_scenario_names_its_cause(scenario_run, name):
 
 
 def _blames_the_host(inc) -> bool:
-    """A decode-stall incident whose leading cause is other processes on the host, measured."""
+    """An incident whose leading cause is the host, measured: the engine's threads waiting for a core
+    (host-cpu-contention), or a decode stall beside other processes' measured CPU."""
     top = inc.causes[0]
-    return (top.rule.id == "decode-stall-tail" and top.evidence.get("host_other_cpu_frac", 0) >= 0.25
-            and "host" in top.cause)
+    return top.rule.id == "host-cpu-contention" or (
+        top.rule.id == "decode-stall-tail" and top.evidence.get("host_other_cpu_frac", 0) >= 0.25 and "host" in top.cause)
 
 
 def paired_differences(cap, timings, attr: str) -> np.ndarray:

@@ -193,7 +193,7 @@ INTERFERENCE = (Cause("prefill-decode-interference"), Cause("decode-stall-tail")
 PREFIX_OFF = (Cause("prefix-cache-ineffective"), Cause("prefix-cache-hit-miss"))
 ROUTING = (Cause("prefix-cache-hit-miss"), Cause("prefix-cache-ineffective"))
 GROWTH = (Cause("kv-growth-per-turn"),)
-HOST = (Cause("decode-stall-tail", "host"), Cause("decode-stall-tail", "other processes"),
+HOST = (Cause("host-cpu-contention"), Cause("decode-stall-tail", "host"), Cause("decode-stall-tail", "other processes"),
         Cause("decode-stall-tail", "cpu"))
 PREEMPT = (Cause("kv-pressure-preemption"),)
 OVERFLOW = (Cause("error-burst", "longer than the context"),)

@@ -25,16 +25,17 @@ def host_other_cpu_frac(w):
 
 @signal("server_run_wait_frac", "fraction")
 def server_run_wait_frac(w):
-    """Median share of the server's runnable time spent waiting for a CPU: its threads' run-queue
-    delay over that delay plus the CPU they got (the kernel's schedstat, per host sample). Near 0:
-    every thread that could run, ran. High: the engine's threads wait for a core (other processes,
-    or more engine threads than cores), and each step that needs all of them waits for the slowest.
-    Unknown where the capture has no such samples (recorded before 2026-12-06, or not on Linux)."""
+    """Share of the server's runnable time spent waiting for a CPU over the window: its threads'
+    run-queue delay over that delay plus the CPU they got (the kernel's schedstat, summed over the
+    host samples, so busy seconds weigh by their work and a nearly idle second's few microseconds
+    of wait do not swing it). Near 0: every thread that could run, ran. High: the engine's threads
+    wait for a core (other processes, or more engine threads than cores), and each step that needs
+    all of them waits for the slowest. Unknown where the capture has no such samples (recorded
+    before 2026-12-06, or not on Linux) or the server never ran."""
     wait, cores = w.host_col("server_run_wait_cores"), w.host_col("server_cpu_cores")
-    runnable = wait + cores
-    share = np.divide(wait, runnable, out=np.full(len(wait), np.nan), where=runnable > 0)
-    share = share[np.isfinite(share)]
-    return float(np.median(share)) if len(share) else np.nan
+    ok = np.isfinite(wait) & np.isfinite(cores)
+    runnable = float(np.sum(wait[ok]) + np.sum(cores[ok]))
+    return float(np.sum(wait[ok]) / runnable) if runnable > 0 else np.nan
 
 
 #: other processes' share of the host above which a request's latency is the host's, not the engine's
