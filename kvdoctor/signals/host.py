@@ -34,8 +34,9 @@ def server_run_wait_frac(w):
     before 2026-12-06, or not on Linux) or the server never ran."""
     wait, cores = w.host_col("server_run_wait_cores"), w.host_col("server_cpu_cores")
     ok = np.isfinite(wait) & np.isfinite(cores)
-    runnable = float(np.sum(wait[ok]) + np.sum(cores[ok]))
-    return float(np.sum(wait[ok]) / runnable) if runnable > 0 else np.nan
+    waited = float(np.sum(wait[ok]))
+    runnable = waited + float(np.sum(cores[ok]))
+    return waited / runnable if runnable > 0 else np.nan
 
 
 #: other processes' share of the host above which a request's latency is the host's, not the engine's
