@@ -191,6 +191,28 @@ def test_pettitt_finds_a_step_and_not_noise():
     assert abs(k - (150 + 45)) <= 3 and p < 1e-6
 
 
+@pytest.mark.parametrize("hurt_from_s, share", [(0.0, 0.6), (200.0, 0.9)])
+def test_an_incident_starts_where_its_harm_began_not_where_the_grid_first_looked(tmp_path, hurt_from_s, share):
+    """A 10-minute capture is judged on 5-minute windows: the first window ends 300 s in. A harm
+    there from the first request (hurting 60% of requests, no change point) starts the incident at
+    the capture's start, not one step before that first window's end; one that began 200 s in
+    starts there (its early half calm), not at the start."""
+    from kvdoctor.capture import CaptureWriter
+    from kvdoctor.model import CaptureMeta, RequestRecord
+
+    rng = np.random.default_rng(11)
+    with CaptureWriter(tmp_path / "c", CaptureMeta(engine="vllm", origin="attach", server="http://x")) as w:
+        for i in range(300):
+            t = 1_000.0 + 2.0 * i
+            slow = t - 1_000.0 >= hurt_from_s and rng.random() < share
+            ttft = float(rng.uniform(3.0, 4.0) if slow else rng.uniform(0.05, 0.2))
+            w.write(RequestRecord(request_id=str(i), arrival_s=t, ttft_s=ttft, e2e_s=ttft + 1.0,
+                                  output_tokens=20, prompt_tokens=100))
+    diag = diagnose(kvdoctor.load(tmp_path / "c"))
+    inc = next(i for i in pages(diag) if i.symptom == "ttft")
+    assert inc.start_s - 1_000.0 == pytest.approx(hurt_from_s, abs=10.0)
+
+
 def test_a_route_objective_judges_that_route_only(tmp_path):
     """An SLO file's routes: each judged on the requests sent to that API path (the proxy records
     it): a slow /v1/completions breaks its own objective, not chat's, and the breach names it."""

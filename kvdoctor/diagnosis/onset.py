@@ -10,9 +10,11 @@ change-point test) finds the split after which requests are most consistently hu
 turns a ramp into a step where the requests start crossing the objective, so a backlog that builds
 slowly still gets the instant it began to hurt. The split is accepted only where the test is clear
 (p < 0.001) and it lies inside the window where the rule turned active; otherwise the incident
-starts where the windows say. The end is found the same way, a split after which requests are
-fine again, when the rule went quiet before the capture ended. Live (`attach`) and offline
-(`diagnose`) call the same function, so both report the same onset for the same data.
+starts where the windows say, or, for a rule active from the capture's first window whose requests
+were hurt early in it and not clearly less often than late, where the capture began. The end is found the same way, a
+split after which requests are fine again, when the rule went quiet before the capture ended.
+Live (`attach`) and offline (`diagnose`) call the same function, so both report the same onset for
+the same data.
 """
 from __future__ import annotations
 
@@ -110,12 +112,37 @@ def refine_window(prep: Prepared, symptom: str, start: float, end: float, first_
     onset = change_point(prep, symptom, lo, end, "up")
     if onset is not None and lo <= onset <= first_eval:
         start = onset
+    elif not np.isfinite(quiet_before_s) and _hurt_from_the_start(prep, symptom, lo, first_eval):
+        # active in the capture's first window with no split in it: the grid's last step before
+        # that evaluation is not where the harm began; it was there when the capture began
+        start = lo
     # the end: where requests got faster again, when the rule went quiet before the capture ended
     if end < prep.end_s - 1e-9:
         drop = change_point(prep, symptom, start, min(end + step_s, prep.end_s), "down")
         if drop is not None and drop > start:
             end = min(end, drop)
     return start, max(end, start)
+
+
+#: one-sided 5%: the later half of the first window is hurt more often than the earlier beyond chance
+GREW_Z = 1.645
+
+
+def _hurt_from_the_start(prep: Prepared, symptom: str, t0: float, t1: float) -> bool:
+    """True when the symptom's requests in [t0, t1] were hurt early in it (its earlier half) and not
+    clearly less often than late (a one-sided two-proportion z under GREW_Z): a harm that did not
+    grow inside the window predates it. A fault that began inside it leaves the early half calm;
+    without a per-request series the onset is unknown (False)."""
+    t, y = _series(prep, symptom, t0, t1)
+    if len(y) < MIN_POINTS:
+        return False
+    early = t < (t[0] + t[-1]) / 2
+    n1, n2 = int(early.sum()), int((~early).sum())
+    if not n1 or not n2 or not y[early].any():
+        return False
+    p1, p2, pooled = y[early].mean(), y[~early].mean(), y.mean()
+    se = np.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+    return bool(se == 0 or (p2 - p1) / se < GREW_Z)
 
 
 def live_onset(prep: Prepared, symptom: str, held_from_s: float, now_s: float, lookback_s: float) -> float:
