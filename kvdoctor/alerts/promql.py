@@ -30,6 +30,8 @@ WHY_NOT = {
     "error_rate_max_1m": "per-minute buckets of request records",
     "kv_usage_over_token_demand": "needs per-request prompt+output lengths (request records)",
     "kv_demand_over_capacity": "needs per-request lengths and the KV capacity from the engine's config",
+    # node_exporter's node_schedstat_waiting_seconds_total is per CPU for the whole host, not the server's threads
+    "server_run_wait": "the run-queue delay of the server's own threads (/proc/PID/task/*/schedstat, kvdoctor's host collector)",
 }
 
 
