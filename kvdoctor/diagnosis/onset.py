@@ -11,8 +11,9 @@ turns a ramp into a step where the requests start crossing the objective, so a b
 slowly still gets the instant it began to hurt. The split is accepted only where the test is clear
 (p < 0.001) and it lies inside the window where the rule turned active; otherwise the incident
 starts where the windows say, or, for a rule active from the capture's first window whose requests
-were hurt early in it and not clearly less often than late, where the capture began. The end is found the same way, a
-split after which requests are fine again, when the rule went quiet before the capture ended.
+were hurt early in it and not clearly less often than late, where the capture began. The end is
+found the same way, a split after which requests are fine again, when the rule went quiet before
+the capture ended.
 Live (`attach`) and offline (`diagnose`) call the same function, so both report the same onset for
 the same data.
 """
@@ -90,7 +91,11 @@ def _series(prep: Prepared, symptom: str, t0: float, t1: float) -> tuple[np.ndar
 def change_point(prep: Prepared, symptom: str, t0: float, t1: float, direction: str = "up") -> float | None:
     """The instant in [t0, t1] after which the symptom's series is clearly higher ("up") or lower
     ("down"): the arrival of the first request after Pettitt's split; None when there is none."""
-    t, y = _series(prep, symptom, t0, t1)
+    return _split_at(*_series(prep, symptom, t0, t1), direction)
+
+
+def _split_at(t: np.ndarray, y: np.ndarray, direction: str) -> float | None:
+    """change_point on a series already read."""
     if not len(y) or y.min() == y.max():  # all hurt or none: no change inside
         return None
     k, p = pettitt(y, direction)
@@ -109,10 +114,11 @@ def refine_window(prep: Prepared, symptom: str, start: float, end: float, first_
     first_eval = first_eval_s if np.isfinite(first_eval_s) else end
     lo = max(prep.start_s, first_eval - max(lookback_s, first_eval - start)) if np.isfinite(quiet_before_s) \
         else prep.start_s
-    onset = change_point(prep, symptom, lo, end, "up")
+    t, y = _series(prep, symptom, lo, end)
+    onset = _split_at(t, y, "up")
     if onset is not None and lo <= onset <= first_eval:
         start = onset
-    elif not np.isfinite(quiet_before_s) and _hurt_from_the_start(prep, symptom, lo, first_eval):
+    elif not np.isfinite(quiet_before_s) and _hurt_from_the_start(t[t <= first_eval], y[t <= first_eval]):
         # active in the capture's first window with no split in it: the grid's last step before
         # that evaluation is not where the harm began; it was there when the capture began
         start = lo
@@ -128,12 +134,11 @@ def refine_window(prep: Prepared, symptom: str, start: float, end: float, first_
 GREW_Z = 1.645
 
 
-def _hurt_from_the_start(prep: Prepared, symptom: str, t0: float, t1: float) -> bool:
-    """True when the symptom's requests in [t0, t1] were hurt early in it (its earlier half) and not
-    clearly less often than late (a one-sided two-proportion z under GREW_Z): a harm that did not
-    grow inside the window predates it. A fault that began inside it leaves the early half calm;
-    without a per-request series the onset is unknown (False)."""
-    t, y = _series(prep, symptom, t0, t1)
+def _hurt_from_the_start(t: np.ndarray, y: np.ndarray) -> bool:
+    """True when a window's harm series (arrival times, 0/1) was hurt early in it (its earlier half)
+    and not clearly less often than late (a one-sided two-proportion z under GREW_Z): a harm that
+    did not grow inside the window predates it. A fault that began inside it leaves the early half
+    calm; without a per-request series the onset is unknown (False)."""
     if len(y) < MIN_POINTS:
         return False
     early = t < (t[0] + t[-1]) / 2
