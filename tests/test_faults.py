@@ -39,6 +39,26 @@ def test_top1_counts_the_most_severe_page_and_skips_objectives():
     assert not S.judge(rec)["top1"] and S.judge(rec)["top3"]
 
 
+def test_the_lead_is_the_incident_kvdoctor_leads_with():
+    """Equally severe pages: the surer one leads though it starts later (kvdoctor's own order,
+    which its summary's first line reads), on hand-made records and on a real capture's."""
+    sure = {**_inc("host-cpu-contention", start=300.0)}
+    sure["causes"][0]["confidence"] = 0.9
+    rec = _rec("host-contention", [["host-cpu-contention", ""]], [_inc("queueing-saturation", start=100.0), sure])
+    assert S.judge(rec)["verdict"] == ("host-cpu-contention", "")
+
+    import kvdoctor
+    from benchmarks.faults.runner import _incident_json
+    from kvdoctor.diagnosis import diagnose
+
+    diag = diagnose(kvdoctor.load(ROOT / "samples/fault-host-contention"))
+    pages = [i for i in diag.incidents if not i.observation]
+    assert len(pages) >= 2 and pages[0].start_s > min(i.start_s for i in pages)  # the case the order decides
+    shuffled = [_incident_json(i) for i in reversed(diag.incidents)]
+    lead = next(c for c in pages[0].causes if c.rule.kind != "objective")
+    assert S.ranked_causes(shuffled)[0] == (lead.rule.id, lead.cause)
+
+
 def test_info_observations_do_not_page_and_controls_need_silence():
     quiet = _rec("control", [], [_inc("tail-latency", severity="info", observation=True)])
     loud = _rec("control", [], [_inc("tail-latency", severity="warning")], setting="t")

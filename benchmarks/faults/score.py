@@ -3,9 +3,11 @@ and precision, onset delay (fault start -> incident start, live and offline), th
 and whether the live verdict agrees with the offline one. Pure functions of the run records
 (``runner.run_one``), so a results file re-scores without a server.
 
-The verdict of a run: its paging incidents (warning or critical; info observations do not page),
-most severe first, then earliest; their causes in order, objective rules left out (they say an
-objective broke, not why). The first is the top-1 cause; the first three, the top-3.
+The verdict of a run: its paging incidents (warning or critical; info observations do not page)
+in the order kvdoctor leads with them (``kvdoctor.diagnosis.incident.lead_key``: most severe, then
+surest, then earliest: the summary's first line names the first), live incidents in that order
+too; their causes in order, objective rules left out (they say an objective broke, not why). The
+first is the top-1 cause; the first three, the top-3.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import numpy as np
+
+from kvdoctor.diagnosis.incident import lead_key
 
 from .zoo import QUICK_SHARE, Cause
 
@@ -23,9 +27,9 @@ NO_CAUSE = "(objective broken, no cause)"
 
 
 def ranked_causes(incidents: list[dict] | None) -> list[tuple[str, str]]:
-    """(rule, cause title) of the paging incidents' causes, most severe incident first."""
+    """(rule, cause title) of the paging incidents' causes, the lead incident first."""
     pages = [i for i in incidents or () if not i["observation"] and i["severity"] in SEVERITY]
-    pages.sort(key=lambda i: (-SEVERITY[i["severity"]], i["start_s"]))
+    pages.sort(key=lambda i: lead_key(i["severity"], max(c["confidence"] for c in i["causes"]), i["start_s"]))
     out: list[tuple[str, str]] = []
     for inc in pages:
         for c in inc["causes"]:

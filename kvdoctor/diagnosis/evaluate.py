@@ -294,7 +294,7 @@ def incidents(prep: Prepared, rules: list[Rule], opt: Options | None = None,
             start, end = refine_window(prep, symptom, first.start_s, max(a.end_s for a in cluster), first.first_eval_s,
                                        first.quiet_before_s, opt.lookback_s, opt.step_s)
             out.append(_incident(prep, symptom, cluster, start, end, opt))
-    out.sort(key=lambda i: (-SEVERITY_RANK[i.severity], -max(c.confidence for c in i.causes), i.start_s))
+    out.sort(key=lambda i: i.lead_key)
     return out
 
 

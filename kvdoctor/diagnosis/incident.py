@@ -59,6 +59,13 @@ class Breach:
                 "p_value": json_number(r.p_value)}
 
 
+def lead_key(severity: str, confidence: float, start_s: float) -> tuple[int, float, float]:
+    """The order incidents are read in, lead first: the most severe, then the one whose best
+    finding is surest, then the earliest. The one order for every output (the summary's first
+    line leads with the first) and for the fault benchmark, which scores the lead users read."""
+    return -SEVERITY_RANK[severity], -confidence, start_s
+
+
 @dataclass(frozen=True)
 class Incident:
     symptom: str
@@ -90,6 +97,10 @@ class Incident:
     @property
     def open(self) -> bool:
         return self.closed_s is None
+
+    @property
+    def lead_key(self) -> tuple[int, float, float]:
+        return lead_key(self.severity, max(c.confidence for c in self.causes), self.start_s)
 
     def to_json(self, label: Callable[[float], str] | None = None, arrivals_known: bool = True) -> dict[str, Any]:
         """The JSON shape; ``label`` writes a time as people read it (default: a unix time in
