@@ -232,3 +232,20 @@ def test_live_onset_reads_when_the_live_diagnosis_first_named_the_cause():
                live_first_s=[["objective-ttft", "", True, 100.0], ["queueing-saturation", "", False, 110.0],
                              ["queueing-saturation", "", True, 135.0]])
     assert S.onset_s(rec, "live") == 45.0  # the paging naming, not the earlier observation
+
+
+def test_onset_goal_is_the_naming_rules_hold_plus_30_s():
+    """Issue 34's goal, per run: named within the ``for:`` of the rule that named it, plus 30 s."""
+    holds = S._holds()
+    assert holds["queueing-saturation"] == 30.0 and holds["gpu-memory-leak"] == 600.0
+    rec = _rec("queueing", [["queueing-saturation", ""]], [_inc("queueing-saturation", start=150.0)],
+               live_first_s=[["queueing-saturation", "", True, 151.0]])
+    assert S.onset(rec) == (60.0, "queueing-saturation") and S.onset_in_goal(rec, "offline", holds)
+    assert S.onset(rec, "live") == (61.0, "queueing-saturation") and S.onset_in_goal(rec, "live", holds) is False
+    leak = _rec("memory-leak", [["gpu-memory-leak", ""]], [_inc("gpu-memory-leak", start=700.0)])
+    assert S.onset_in_goal(leak, "offline", holds)  # 610 s: within its 10-minute hold + 30 s
+    silent = _rec("queueing", [["queueing-saturation", ""]], [])
+    assert S.onset_in_goal(silent, "offline", holds) is None
+    s = S.score([rec, leak, silent])
+    # live: only the queue was announced (the leak record has no live naming), 1 s late
+    assert s["onset_offline"]["in_goal"] == 1.0 and s["onset_live"]["in_goal"] == 0.0

@@ -7,7 +7,8 @@ The verdict of a run: its paging incidents (warning or critical; info observatio
 in the order kvdoctor leads with them (``kvdoctor.diagnosis.incident.lead_key``: most severe, then
 surest, then earliest: the summary's first line names the first), live incidents in that order
 too; their causes in order, objective rules left out (they say an objective broke, not why). The
-first is the top-1 cause; the first three, the top-3.
+first is the top-1 cause; the first three, the top-3. Onset goal (issue 34): the fault named
+within the ``for:`` of the rule that named it, plus 30 s (:func:`onset_in_goal`).
 """
 from __future__ import annotations
 
@@ -85,19 +86,45 @@ def judge(rec: dict, side: str = "offline") -> dict[str, Any]:
 def onset_s(rec: dict, side: str = "offline") -> float | None:
     """Seconds from the fault's start to the first paging incident that names it (offline: the
     incident's start; live: when the sidecar announced it)."""
+    got = onset(rec, side)
+    return got[0] if got else None
+
+
+def onset(rec: dict, side: str = "offline") -> tuple[float, str] | None:
+    """(:func:`onset_s`, the rule whose cause named the fault first there); None where none did."""
     expect = _expect(rec)
     if not expect or "fault_start_s" not in rec:
         return None
     if side == "live":
         if rec.get("live_first_s") is not None:  # polled: when a paging live incident first named it
-            times = [t for rule, title, paging, t in rec["live_first_s"] if paging and _hit(expect, (rule, title))]
+            times = [(t, rule) for rule, title, paging, t in rec["live_first_s"] if paging and _hit(expect, (rule, title))]
         else:  # announced: incidents that named it when they opened
-            times = [o["t"] for o in rec.get("opened") or () if not o["observation"] and o["severity"] in SEVERITY
-                     and any(_hit(expect, (c["rule"], c["title"])) for c in o["causes"])]
+            times = [(o["t"], c["rule"]) for o in rec.get("opened") or ()
+                     if not o["observation"] and o["severity"] in SEVERITY
+                     for c in o["causes"] if _hit(expect, (c["rule"], c["title"]))]
     else:
-        times = [i["start_s"] for i in pages(rec.get("offline"))
-                 if any(_hit(expect, (c["rule"], c["title"])) for c in i["causes"])]
-    return round(max(0.0, min(times) - rec["fault_start_s"]), 1) if times else None
+        times = [(i["start_s"], c["rule"]) for i in pages(rec.get("offline"))
+                 for c in i["causes"] if _hit(expect, (c["rule"], c["title"]))]
+    if not times:
+        return None
+    t, rule = min(times)
+    return round(max(0.0, t - rec["fault_start_s"]), 1), rule
+
+
+#: the onset goal (issue 34): within the naming rule's ``for:`` hold plus this
+ONSET_SLACK_S = 30.0
+
+
+def _holds() -> dict[str, float]:
+    from kvdoctor.diagnosis.rules import load_rules
+
+    return {r.id: r.for_s for r in load_rules()}
+
+
+def onset_in_goal(rec: dict, side: str, holds: dict[str, float]) -> bool | None:
+    """Whether the fault was named within its naming rule's ``for:`` + 30 s (None: never named)."""
+    got = onset(rec, side)
+    return None if got is None else got[0] <= holds.get(got[1], 0.0) + ONSET_SLACK_S
 
 
 def predicted_class(rec: dict, classes: dict[str, list[Cause]], side: str = "offline") -> str:
@@ -128,10 +155,13 @@ def score(records: list[dict]) -> dict[str, Any]:
     def rate(xs: list[bool]) -> float | None:
         return round(float(np.mean(xs)), 3) if xs else None
 
+    holds = _holds()
+
     def onsets(rs: list[dict], side: str) -> dict:
         v = [o for o in (onset_s(r, side) for r in rs) if o is not None]
+        ok = [g for g in (onset_in_goal(r, side, holds) for r in rs) if g is not None]
         return {"n": len(v), "median_s": round(float(np.median(v)), 1) if v else None,
-                "max_s": round(float(np.max(v)), 1) if v else None}
+                "max_s": round(float(np.max(v)), 1) if v else None, "in_goal": rate(ok)}
 
     per_class: dict[str, dict] = {}
     predicted = [(r["class"], predicted_class(r, classes)) for r in valid]
@@ -236,8 +266,11 @@ def render(results: dict[str, Any]) -> str:
         f"| faults that hurt nobody: named as an observation | {_pct(s['harmless_observed'])} | |",
         f"| top-1 right, live verdict | {_pct(s['live_top1'])} | |",
         f"| live verdict = offline verdict | {_pct(s['live_offline_agreement'])} | 100% |",
-        f"| onset, offline (median / max) | {_s(s['onset_offline']['median_s'])} / {_s(s['onset_offline']['max_s'])} | <= the rule's `for:` + 30 s |",
-        f"| onset, live (median / max) | {_s(s['onset_live']['median_s'])} / {_s(s['onset_live']['max_s'])} | <= the rule's `for:` + 30 s |",
+        f"| onset, offline (median / max) | {_s(s['onset_offline']['median_s'])} / {_s(s['onset_offline']['max_s'])} | |",
+        f"| onset, live (median / max) | {_s(s['onset_live']['median_s'])} / {_s(s['onset_live']['max_s'])} | |",
+        f"| named within the naming rule's `for:` + 30 s, offline / live (of {s['onset_offline']['n']} / "
+        f"{s['onset_live']['n']} named) | {_pct(s['onset_offline'].get('in_goal'))} / "
+        f"{_pct(s['onset_live'].get('in_goal'))} | 100% |",
         "",
         "A fault run *hurts* when the load generator's own timings break one of the run's objectives (the chat "
         "defaults, TTFT P99 2 s, TPOT P99 100 ms, errors 1%; a CPU deployment of vLLM in float32 states TPOT P99 "
@@ -251,13 +284,13 @@ def render(results: dict[str, Any]) -> str:
     lines += ["## Per class", "",
               "Recall: runs of the class whose top-1 cause names it (for the no-fault classes: runs that paged "
               "nobody). Precision: runs whose top-1 cause named the class that were of it.", "",
-              "| class | runs | settings | engines | recall | top 3 | precision | llama.cpp | vLLM | onset offline (median) | onset live (median) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| class | runs | settings | engines | recall | top 3 | precision | llama.cpp | vLLM | onset offline (median) | onset live (median) | live onset in goal |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cls, c in s["per_class"].items():
         lines.append(f"| {cls} | {c['runs']} | {c['settings']} | {', '.join(c['engines'])} | {_pct(c['recall'])} | "
                      f"{_pct(c['top3'])} | {_pct(c['precision'])} | {_pct(c['by_engine'].get('llamacpp'))} | "
                      f"{_pct(c['by_engine'].get('vllm'))} | {_s(c['onset_offline']['median_s'])} | "
-                     f"{_s(c['onset_live']['median_s'])} |")
+                     f"{_s(c['onset_live']['median_s'])} | {_pct(c['onset_live'].get('in_goal'))} |")
     preds = sorted({p for row in s["confusion"].values() for p in row})
     lines += ["", "## Confusion matrix", "", "Rows: the injected fault; columns: the class the top-1 cause names "
               "(a rule name where no class expects that rule).", "",
