@@ -338,6 +338,8 @@ def _attach(clusters: list[tuple[str, list[Activation]]]) -> list[tuple[str, lis
             continue
         best, best_overlap = None, 0.0
         for k, (hs, hc) in enumerate(keep):
+            if all(a.rule.standalone for a in hc):
+                continue
             overlap = _overlap(cluster, hc)
             (a0, a1), (h0, h1) = _span(cluster), _span(hc)
             if overlap > best_overlap or (overlap == best_overlap == 0 and a0 <= h1 and h0 <= a1):

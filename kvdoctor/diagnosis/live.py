@@ -113,7 +113,8 @@ class LiveDiagnoser:
         groups: dict[tuple[str, bool], list[str]] = {}
         for rid in sorted(firing):
             groups.setdefault((by_id[rid].symptom, not is_incident(active[rid].severity)), []).append(rid)
-        harm_keys = [k for k in groups if not k[1] and k[0] not in ATTACHABLE]
+        harm_keys = [k for k in groups if not k[1] and k[0] not in ATTACHABLE
+                     and not all(by_id[r].standalone for r in groups[k])]
         for key in [k for k in groups if not k[1] and k[0] in ATTACHABLE]:
             if harm_keys:
                 groups[harm_keys[0]] += groups.pop(key)

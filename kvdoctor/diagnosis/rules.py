@@ -119,6 +119,10 @@ class Rule:
     #: "cause" (names why), or "objective" (says a service-level objective is broken: harm, not
     #: a cause; scored and ranked after the causes that explain it)
     kind: str = "cause"
+    #: its incident takes no other finding as a cause: the harm it names has none upstream among
+    #: kvdoctor's findings (an answer cut at the context limit is not explained by capacity), so
+    #: a turn-growth, capacity or quality finding beside it joins a harm incident it can explain
+    standalone: bool = False
 
     @property
     def experimental(self) -> bool:
@@ -321,7 +325,7 @@ def load_rule(path: Path, overrides: dict[str, float] | None = None, *, schema_c
         tests_fire=tuple(raw["tests"]["fire"]), tests_no_fire=tuple(raw["tests"]["no_fire"]),
         suppressed_by=tuple(raw.get("suppressed_by", [])), params=params, path=path,
         status=raw.get("status", "stable"), fleet_everywhere=fleet.get("on_every_replica", "shared"),
-        fleet_outlier=outlier, charts=tuple(raw.get("charts", ())),
+        fleet_outlier=outlier, charts=tuple(raw.get("charts", ())), standalone=bool(raw.get("standalone", False)),
     )
 
 

@@ -238,3 +238,33 @@ def misses_reusable(w):
     if not np.isfinite(reusable) or not np.isfinite(fast):
         return 1.0
     return float(reusable - fast >= 0.2)
+
+
+def _cut_at_limit(w) -> tuple[int, int]:
+    """(answers that ended at the per-request context limit, answers with both token counts), of
+    the window's successful requests; (0, 0) where the limit is not known."""
+    limit = w.value("context_limit_tokens")
+    if not np.isfinite(limit):
+        return 0, 0
+    prompt, out = w.r("prompt_tokens"), w.r("output_tokens")
+    m = (w.prep.error_code[w.req] == 0) & np.isfinite(prompt) & np.isfinite(out) & (out > 0)
+    # an engine stops a sequence when it fills the context: prompt + output then equals the limit
+    # (one token of slack: engines differ on whether the usage counts a start token)
+    return int((prompt[m] + out[m] >= limit - 1).sum()), int(m.sum())
+
+
+@signal("context_cut_requests", "count")
+def context_cut_requests(w):
+    """Answered requests whose prompt + output filled the per-request context limit: the server
+    stopped the answer there, not the model (an end-of-sequence token lands on that exact
+    position by chance only)."""
+    cut, n = _cut_at_limit(w)
+    return float(cut) if n else np.nan
+
+
+@signal("context_cut_frac", "fraction")
+def context_cut_frac(w):
+    """Share of answered requests cut off at the context limit (context_cut_requests over the
+    answered requests with token counts)."""
+    cut, n = _cut_at_limit(w)
+    return cut / n if n >= 5 else np.nan
