@@ -94,8 +94,8 @@ LABELS: dict[str, str] = {
     # output quality
     "repetition_p50": "output repetition P50", "repetition_long_minus_short": "repetition long vs short context",
     "baseline_compared": "compared with a baseline", "baseline_agreement_long_p50": "agreement with baseline (long)",
-    "baseline_agreement_drop": "agreement drop with context",
-    "context_cut_requests": "answers cut at the context limit", "context_cut_frac": "share of answers cut", "baseline_repetition_gap_long": "extra repetition (long)",
+    "baseline_agreement_drop": "agreement drop with context", "baseline_repetition_gap_long": "extra repetition (long)",
+    "context_cut_requests": "answers cut at the context limit", "context_cut_frac": "share of answers cut",
 }
 
 

@@ -242,15 +242,21 @@ def misses_reusable(w):
 
 def _cut_at_limit(w) -> tuple[int, int]:
     """(answers that ended at the per-request context limit, answers with both token counts), of
-    the window's successful requests; (0, 0) where the limit is not known."""
+    the window's successful requests; (0, 0) where the limit is not known. Read once a window
+    (both signals below ask)."""
+    got = w._cache.get("context_cut")
+    if got is not None:
+        return got
     limit = w.value("context_limit_tokens")
-    if not np.isfinite(limit):
-        return 0, 0
-    prompt, out = w.r("prompt_tokens"), w.r("output_tokens")
-    m = (w.prep.error_code[w.req] == 0) & np.isfinite(prompt) & np.isfinite(out) & (out > 0)
-    # an engine stops a sequence when it fills the context: prompt + output then equals the limit
-    # (one token of slack: engines differ on whether the usage counts a start token)
-    return int((prompt[m] + out[m] >= limit - 1).sum()), int(m.sum())
+    got = (0, 0)
+    if np.isfinite(limit):
+        prompt, out = w.r("prompt_tokens"), w.r("output_tokens")
+        m = (w.prep.error_code[w.req] == 0) & np.isfinite(prompt) & np.isfinite(out) & (out > 0)
+        # an engine stops a sequence when it fills the context: prompt + output then equals the
+        # limit (one token of slack: engines differ on whether the usage counts a start token)
+        got = (int((prompt[m] + out[m] >= limit - 1).sum()), int(m.sum()))
+    w._cache["context_cut"] = got
+    return got
 
 
 @signal("context_cut_requests", "count")
