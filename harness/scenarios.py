@@ -312,9 +312,10 @@ def run_quality(name: str, out: Path, *, max_tokens: int = 48, log=print):
     cand_args = ["-fa", "on", "-ctk", kv, "-ctv", kv]
     with LlamaServer(base_args, n_ctx=n_ctx) as base, LlamaServer(cand_args, n_ctx=n_ctx) as cand:
         results = compare(base.url, cand.url, quality_prompts(), max_tokens)
-    write_capture(results, out, cand.url, {"cache_type_k": kv, "cache_type_v": kv, "flash_attn": "on",
-                                           "context_len_tokens": n_ctx, "max_running_requests": 1})
-    log(f"{name}: {verdict(by_context(results))}")
+        # while the candidate is up: the capture asks it which engine it is
+        write_capture(results, out, cand.url, {"cache_type_k": kv, "cache_type_v": kv, "flash_attn": "on",
+                                               "context_len_tokens": n_ctx, "max_running_requests": 1})
+    log(f"{name}: {verdict(by_context(results), results=results)}")
     return results
 
 

@@ -66,6 +66,9 @@ class RequestRecord:
     #: agrees before the first differing word (1 = identical), and the baseline's repetition
     baseline_agreement_frac: float | None = None
     baseline_output_repetition: float | None = None
+    #: teacher-forced over the baseline's own greedy continuation: the share of positions where
+    #: this server picks the same next token as the baseline (1 = identical)
+    baseline_forced_agreement_frac: float | None = None
     #: only when the user asked for text to be stored (--store-text)
     prompt_text: str | None = field(default=None, metadata={"column": None})  # never loaded into columns
     output_text: str | None = field(default=None, metadata={"column": None})

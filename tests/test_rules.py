@@ -91,6 +91,20 @@ def test_quality_verdict_judges_by_the_rules_margins():
     assert verdict([{**row, "agreement_p50": 0.9}, {**row, "agreement_p50": 0.9 - drop}],
                    {"min_agreement_drop": drop + 0.05}).startswith("no degr")
 
+    # teacher-forced agreement decides where the servers gave it: the word-prefix drop no longer does
+    from kvdoctor.quality import Comparison
+
+    def forced(f):
+        return [Comparison(i, 100 * i, 48, 48, 0.1, 0.1, 0.1, 1.0, 1.0, forced_agreement_frac=f, forced_positions=48)
+                for i in range(8)]
+
+    m = p["min_forced_agreement"]
+    rows = [{**row, "agreement_p50": 0.9}, {**row, "agreement_p50": 0.9 - drop}]
+    assert verdict(rows, results=forced(m - 0.01)).startswith("DEGRADED")
+    assert verdict(rows, results=forced(m)).startswith("no degr")
+    assert verdict(rows, {"min_forced_agreement": m + 0.02}, results=forced(m)).startswith("DEGRADED")
+    assert verdict(rows, results=forced(None)).startswith("DEGRADED")  # not measured: the word-prefix drop judges
+
 
 def test_rule_names_its_report_charts_and_an_unknown_chart_is_refused(tmp_path):
     assert load_rule(builtin_rules_dir() / "prefill-bound.yaml").charts == ("ttft-prompt", "prompt-lengths", "latency")

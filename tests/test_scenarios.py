@@ -182,7 +182,7 @@ def test_kv_quant_rule_agrees_with_the_quality_check(tmp_path):
 
     out = tmp_path / "kv-quant"
     results = run_quality("kv-quant", out)
-    degraded = verdict(by_context(results)).startswith("DEGRADED")
+    degraded = verdict(by_context(results), results=results).startswith("DEGRADED")
     diag = diagnose(kvdoctor.load(out))
     fired = [c for inc in diag.incidents for c in inc.causes if c.rule.id == "kv-quant-quality"]
     assert bool(fired) == degraded
@@ -192,6 +192,30 @@ def test_kv_quant_rule_agrees_with_the_quality_check(tmp_path):
     w = p.window(p.start_s, p.end_s)
     assert w.value("baseline_compared") == 1 and w.value("kv_dtype_quantised") == 1
     assert 0 <= w.value("baseline_agreement_long_p50") <= 1
+    assert w.value("baseline_forced_compared") == 1  # llama.cpp gives the teacher-forced measure
+    assert p.meta.engine == "llamacpp"  # asked of the candidate: the fixes name llama.cpp's knobs first
+    assert all(0 < r.forced_positions <= 48 for r in results)
+
+
+def test_teacher_forced_agreement_of_identical_servers_is_whole(run_cli, tmp_path):
+    """The measure's floor, by construction, through `kvdoctor quality` as a user runs it: two f16
+    servers forced over the same continuation pick the same next token at every position (the two
+    sides are computed alike, one step a position on each), and the verdict says no degradation.
+    A difference here would be the method's, not the KV format's."""
+    from harness.llama_server import LlamaServer
+    from harness.scenarios import quality_prompts
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": m}) + "\n" for m in quality_prompts(3, 100, 1200)))
+    args = ["-fa", "on", "-ctk", "f16", "-ctv", "f16"]
+    with LlamaServer(args, n_ctx=2048) as a, LlamaServer(args, n_ctx=2048) as b:
+        r = run_cli("quality", "--baseline", a.url, "--candidate", b.url, "--prompts", prompts, "--max-tokens", 16,
+                    "--format", "json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert [p["forced_agreement_frac"] for p in got["prompts"]] == [1.0, 1.0, 1.0]
+    assert all(0 < p["forced_positions"] <= 16 for p in got["prompts"])  # EOS may end a continuation early
+    assert got["verdict"].startswith("no degradation") and "100.0% of positions" in got["verdict"]
 
 
 def test_one_conversation_at_a_time_names_history_growth(scenario_run):

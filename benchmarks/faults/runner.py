@@ -288,8 +288,9 @@ def _run_quality(fault: Fault, out: Path, rec: dict, log, share: float = 1.0) ->
             LlamaServer(["-fa", "on", "-ctk", kv, "-ctv", kv], n_ctx=n_ctx) as cand:
         n = 8 if share >= 1.0 else max(4, round(8 * share))  # 100 to 1,800 tokens of context either way
         results = compare(base.url, cand.url, quality_prompts(n), 48)
-    write_capture(results, out, cand.url, {"cache_type_k": kv, "cache_type_v": kv, "flash_attn": "on",
-                                           "context_len_tokens": n_ctx, "max_running_requests": 1})
+        # while the candidate is up: the capture asks it which engine it is
+        write_capture(results, out, cand.url, {"cache_type_k": kv, "cache_type_v": kv, "flash_attn": "on",
+                                               "context_len_tokens": n_ctx, "max_running_requests": 1})
     rec["load_end_s"] = time.time()
     rec["slo"], rec["live"], rec["opened"] = {}, None, []
     rec["client"] = {"broken": ["quality"]}  # the fault is the outputs themselves

@@ -21,9 +21,18 @@ from .common import format_option, output_option, progress_callback, write_out
 @output_option
 @click.option("--capture", "capture_dir", type=P.OutputFolder(), help="Also write the candidate's requests with their baseline comparison as a capture (for diagnose/report).")
 @click.option("--candidate-config", multiple=True, metavar="KEY=VALUE", help="The candidate's KV settings for the capture, e.g. cache_type_k=q4_0.")
-def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, output, capture_dir, candidate_config):
+@click.option("--teacher-forced/--no-teacher-forced", "forced", default=True, show_default=True,
+              help="Also read, at every position of the baseline's own continuation, whether both servers pick the same "
+                   "next token (llama.cpp servers: one short request a position on each; skipped where unsupported).")
+def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, output, capture_dir, candidate_config, forced):
     """Same long prompts, greedy decoding, against both servers: divergence and repetition per
     context length. Exit 0 with a verdict line; no prompt or output text is kept.
+
+    Two agreements are shown. "agreement": how much of the free-running outputs match before the
+    first differing word (one early difference carries into everything after it, so this is
+    noisy). "same next": teacher-forced over the baseline's own continuation, the share of
+    positions where the candidate picks the baseline's next token (llama-perplexity's "same top
+    p"); it decides the verdict where the servers can give it (llama.cpp).
 
     \b
     Example:
@@ -39,20 +48,20 @@ def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, output,
     kv_config = _engine_config(candidate_config, "--candidate-config")  # a bad KEY=VALUE is said before any prompt is sent
     prompts = read_prompts(Path(prompts_path))
     with progress_callback("prompts", unit="prompt") as progress:
-        results = compare(baseline, candidate, prompts, max_tokens, progress=progress)
+        results = compare(baseline, candidate, prompts, max_tokens, progress=progress, forced=forced)
     rows = by_context(results, buckets)
-    summary = verdict(rows)
+    summary = verdict(rows, results=results)
     if capture_dir:
         write_capture(results, Path(capture_dir), candidate, kv_config)
     if fmt == "json":
         write_out(orjson.dumps({"verdict": summary, "by_context": rows, "prompts": [r.__dict__ for r in results]},
                                option=orjson.OPT_INDENT_2).decode() + "\n", output)
         return
-    lines = [f"{'prompt tokens':>16}  {'n':>3}  {'agreement':>9}  {'repetition base':>15}  {'repetition cand':>15}"]
+    lines = [f"{'prompt tokens':>16}  {'n':>3}  {'agreement':>9}  {'same next':>9}  {'repetition base':>15}  {'repetition cand':>15}"]
     for r in rows:
         f = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
         lines.append(f"{r['prompt_tokens_from']:>7}-{r['prompt_tokens_to']:<8}  {r['prompts']:>3}  {f(r['agreement_p50']):>9}  "
-                     f"{f(r['baseline_repetition_p50']):>15}  {f(r['candidate_repetition_p50']):>15}")
+                     f"{f(r['forced_agreement_p50']):>9}  {f(r['baseline_repetition_p50']):>15}  {f(r['candidate_repetition_p50']):>15}")
     text = "\n".join(lines + [summary]) + "\n"
     if fmt == "markdown":
         from .advise import fenced

@@ -29,6 +29,10 @@ class Comparison:
     candidate_s: float
     started_s: float = 0.0
     candidate_output_tokens: int | None = None
+    #: teacher-forced: over the baseline's own greedy continuation, the share of positions where
+    #: both servers pick the same next token (1 = identical; None where the server cannot say)
+    forced_agreement_frac: float | None = None
+    forced_positions: int = 0
 
 
 def read_prompts(path: Path) -> list[list[dict[str, str]]]:
@@ -70,6 +74,66 @@ def complete(url: str, messages: list[dict[str, str]], max_tokens: int, timeout_
     return text, usage.get("prompt_tokens"), time.perf_counter() - t, usage.get("completion_tokens")
 
 
+def _post(url: str, path: str, body: dict, timeout_s: float) -> dict:
+    req = urllib.request.Request(f"{url.rstrip('/')}{path}", data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return orjson.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        raise InputError(f"{url}{path}: HTTP {e.code}: {e.read()[:200].decode(errors='replace')}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise InputError(f"{url}: cannot reach the server ({getattr(e, 'reason', e)})") from None
+
+
+def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float) -> list[int] | None:
+    """The chat prompt as the server's own token ids (llama.cpp's /apply-template, then
+    /tokenize), or None where the server has neither endpoint."""
+    try:
+        prompt = _post(url, "/apply-template", {"messages": messages}, timeout_s).get("prompt")
+        ids = _post(url, "/tokenize", {"content": prompt, "add_special": True}, timeout_s).get("tokens")
+    except InputError:
+        return None
+    return [int(t) for t in ids] if isinstance(ids, list) and ids else None
+
+
+def greedy_ids(url: str, ids: list[int], n: int, timeout_s: float) -> list[int]:
+    """The server's greedy continuation of ``ids``, ``n`` tokens at most, as token ids."""
+    d = _post(url, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": 0,
+                                   "cache_prompt": True, "return_tokens": True}, timeout_s)
+    return [int(t) for t in d.get("tokens") or ()]
+
+
+def forced_ids(url: str, ids: list[int], continuation: list[int], timeout_s: float) -> list[int]:
+    """Teacher forcing: at every position of ``continuation``, the token the server would pick
+    next given the prompt and the continuation so far (not its own earlier picks). One request a
+    position, each a one-token step on the cached prefix, so every position is read as in decode:
+    through the KV cache the candidate stores (a whole-sequence prefill could attend to
+    unquantised keys). An early difference does not carry into later positions, as it does when
+    two free-running outputs are compared word by word."""
+    out = []
+    for i in range(len(continuation)):
+        got = greedy_ids(url, ids + continuation[:i], 1, timeout_s)
+        out.append(got[0] if got else -1)
+    return out
+
+
+def forced_agreement(baseline: str, candidate: str, messages: list[dict[str, str]], max_tokens: int,
+                     timeout_s: float) -> tuple[float | None, int]:
+    """(share of the baseline's greedy continuation where both servers, teacher-forced, pick the
+    same next token; positions compared). The baseline is forced the same way, so the two differ
+    only by the server (its KV format), not by how each position was computed; (None, 0) where
+    the servers cannot tokenise or return token ids (not llama.cpp)."""
+    ids = prompt_ids(baseline, messages, timeout_s)
+    if ids is None or prompt_ids(candidate, messages, timeout_s) != ids:
+        return None, 0
+    cont = greedy_ids(baseline, ids, max_tokens, timeout_s)
+    if not cont:
+        return None, 0
+    a = forced_ids(baseline, ids, cont, timeout_s)
+    b = forced_ids(candidate, ids, cont, timeout_s)
+    return sum(x == y for x, y in zip(a, b)) / len(cont), len(cont)
+
+
 def agreement(a: str, b: str) -> float:
     wa, wb = a.split(), b.split()
     if not wa and not wb:
@@ -83,14 +147,17 @@ def agreement(a: str, b: str) -> float:
 
 
 def compare(baseline: str, candidate: str, prompts: list[list[dict[str, str]]], max_tokens: int = 128,
-            timeout_s: float = 300.0, progress=None) -> list[Comparison]:
+            timeout_s: float = 300.0, progress=None, forced: bool = True) -> list[Comparison]:
+    """Each prompt, greedy, on both servers; with ``forced``, also the teacher-forced agreement
+    (:func:`forced_agreement`) where the servers support it."""
     out = []
     for i, messages in enumerate(prompts):
         a, n_prompt, ta, _ = complete(baseline, messages, max_tokens, timeout_s)
         started = time.time()
         b, _, tb, n_out = complete(candidate, messages, max_tokens, timeout_s)
+        f, n_f = forced_agreement(baseline, candidate, messages, max_tokens, timeout_s) if forced else (None, 0)
         out.append(Comparison(i, n_prompt, len(a.split()), len(b.split()), agreement(a, b), repetition(a), repetition(b),
-                              ta, tb, started, n_out))
+                              ta, tb, started, n_out, f, n_f))
         if progress:
             progress(i + 1, len(prompts))
     return out

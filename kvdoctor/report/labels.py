@@ -95,6 +95,9 @@ LABELS: dict[str, str] = {
     "repetition_p50": "output repetition P50", "repetition_long_minus_short": "repetition long vs short context",
     "baseline_compared": "compared with a baseline", "baseline_agreement_long_p50": "agreement with baseline (long)",
     "baseline_agreement_drop": "agreement drop with context", "baseline_repetition_gap_long": "extra repetition (long)",
+    "baseline_forced_compared": "teacher-forced against a baseline",
+    "baseline_forced_agreement_p50": "same next token as baseline P50",
+    "baseline_forced_agreement_long_p50": "same next token as baseline (long)",
     "context_cut_requests": "answers cut at the context limit", "context_cut_frac": "share of answers cut",
 }
 

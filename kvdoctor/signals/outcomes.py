@@ -190,6 +190,28 @@ def baseline_compared(w):
     return float(np.isfinite(w.r("baseline_agreement_frac")).sum() >= 8)
 
 
+@signal("baseline_forced_compared", "bool")
+def baseline_forced_compared(w):
+    """1 when requests carry a teacher-forced comparison with a baseline (`kvdoctor quality
+    --capture` on llama.cpp servers), else 0."""
+    return float(np.isfinite(w.r("baseline_forced_agreement_frac")).sum() >= 8)
+
+
+@signal("baseline_forced_agreement_p50", "fraction")
+def forced_agreement(w):
+    """Median over requests of the teacher-forced agreement with the baseline: the share of
+    positions of the baseline's own continuation where this server picks the same next token
+    (llama-perplexity's "same top p"). Each position is judged on the baseline's tokens, so an
+    early difference does not carry into the rest as it does between two free-running outputs."""
+    return w.pct("baseline_forced_agreement_frac", 50, 8)
+
+
+@signal("baseline_forced_agreement_long_p50", "fraction")
+def forced_agreement_long(w):
+    """Median teacher-forced agreement with the baseline at the longest quarter of prompts."""
+    return _by_length(w, "baseline_forced_agreement_frac")[0]
+
+
 @signal("baseline_repetition_gap_long", "fraction")
 def baseline_rep_gap(w):
     """At the longest quarter of prompts: median repetition of the outputs minus that of the

@@ -22,7 +22,8 @@ from .window import Window
 REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "decode_s",
                    "itl_p50_s", "itl_p99_s", "itl_max_s", "prompt_tokens", "output_tokens",
                    "cached_prompt_tokens", "turn", "output_repetition", "http_status",
-                   "baseline_agreement_frac", "baseline_output_repetition")
+                   "baseline_agreement_frac", "baseline_output_repetition",
+                   "baseline_forced_agreement_frac")
 
 
 #: windows Prepared.window keeps (the rolling ones only pass through)
