@@ -416,6 +416,19 @@ class TestMainServer:
             hits, queries = (np.ptp(eng.get(n)) for n in ("prefix_cache_hits_total", "prefix_cache_queries_total"))
             assert queries > 0 and hits / queries >= 0.5 * (len(timings) - 1) / len(timings), (hits, queries)
 
+    def test_quality_probe_reads_vllm_token_ids(self, main):
+        """`kvdoctor quality`'s teacher-forced probe on vLLM: the chat prompt tokenised by vLLM's own
+        /tokenize is what its chat endpoint counts, the continuation comes back as token ids, and a
+        server forced against itself agrees at every position (the method's floor)."""
+        from kvdoctor.quality.probe import _dialect, complete, forced_agreement, prompt_ids
+
+        msgs = S.quality_prompts(1, 300, 300)[0]
+        assert _dialect(main.url, 10.0) == ("openai", SERVED_NAMES[0])
+        ids = prompt_ids(main.url, msgs, 30.0)
+        assert ids and len(ids) == complete(main.url, msgs, 1, 60.0)[1]  # usage.prompt_tokens of the chat request
+        f, n = forced_agreement(main.url, main.url, msgs, 8, 60.0)
+        assert 0 < n <= 8 and f == 1.0
+
     def test_client_disconnect_is_not_an_abort(self, main, tmp_path):
         """A client that leaves mid-stream: the proxy cuts its upstream connection at once, so vLLM
         stops generating (and does not count the request as finished or aborted); the capture

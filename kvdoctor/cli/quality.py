@@ -23,7 +23,7 @@ from .common import format_option, output_option, progress_callback, write_out
 @click.option("--candidate-config", multiple=True, metavar="KEY=VALUE", help="The candidate's KV settings for the capture, e.g. cache_type_k=q4_0.")
 @click.option("--teacher-forced/--no-teacher-forced", "forced", default=True, show_default=True,
               help="Also read, at every position of the baseline's own continuation, whether both servers pick the same "
-                   "next token (llama.cpp servers: one short request a position on each; skipped where unsupported).")
+                   "next token (llama.cpp and vLLM: one short request a position on each; skipped where unsupported).")
 def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, output, capture_dir, candidate_config, forced):
     """Same long prompts, greedy decoding, against both servers: divergence and repetition per
     context length. Exit 0 with a verdict line; no prompt or output text is kept.
@@ -32,7 +32,7 @@ def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, output,
     first differing word (one early difference carries into everything after it, so this is
     noisy). "same next": teacher-forced over the baseline's own continuation, the share of
     positions where the candidate picks the baseline's next token (llama-perplexity's "same top
-    p"); it decides the verdict where the servers can give it (llama.cpp).
+    p"); it decides the verdict where the servers can give it (llama.cpp, vLLM).
 
     \b
     Example:

@@ -85,12 +85,57 @@ def _post(url: str, path: str, body: dict, timeout_s: float) -> dict:
         raise InputError(f"{url}: cannot reach the server ({getattr(e, 'reason', e)})") from None
 
 
-def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float) -> list[int] | None:
-    """The chat prompt as the server's own token ids (llama.cpp's /apply-template, then
-    /tokenize), or None where the server has neither endpoint."""
+def _get(url: str, path: str, timeout_s: float) -> dict:
     try:
-        prompt = _post(url, "/apply-template", {"messages": messages}, timeout_s).get("prompt")
-        ids = _post(url, "/tokenize", {"content": prompt, "add_special": True}, timeout_s).get("tokens")
+        with urllib.request.urlopen(f"{url.rstrip('/')}{path}", timeout=timeout_s) as resp:
+            return orjson.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        raise InputError(f"{url}{path}: HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise InputError(f"{url}: cannot reach the server ({getattr(e, 'reason', e)})") from None
+
+
+#: server URL -> how it takes token ids (:func:`_dialect`), asked once a server
+_DIALECTS: dict[str, tuple[str, str | None] | None] = {}
+
+
+def _dialect(url: str, timeout_s: float) -> tuple[str, str | None] | None:
+    """How the server takes token ids: ("llamacpp", None) for llama.cpp's /apply-template,
+    /tokenize and /completion; ("openai", MODEL) for vLLM's /tokenize (chat messages in) and
+    /v1/completions with a token-id prompt and ``return_token_ids``; None for neither."""
+    key = url.rstrip("/")
+    if key not in _DIALECTS:
+        got = None
+        try:
+            if "prompt" in _post(url, "/apply-template", {"messages": [{"role": "user", "content": "x"}]}, timeout_s):
+                got = ("llamacpp", None)
+        except (InputError, orjson.JSONDecodeError):
+            pass
+        if got is None:
+            try:
+                models = _get(url, "/v1/models", timeout_s).get("data") or []
+                model = models[0]["id"] if models else None
+                if model and isinstance(_post(url, "/tokenize", {"model": model, "prompt": "x"}, timeout_s).get("tokens"), list):
+                    got = ("openai", model)
+            except (InputError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+                pass
+        _DIALECTS[key] = got
+    return _DIALECTS[key]
+
+
+def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float) -> list[int] | None:
+    """The chat prompt as the server's own token ids (its chat template applied), or None where
+    the server cannot say (neither llama.cpp nor vLLM)."""
+    d = _dialect(url, timeout_s)
+    if d is None:
+        return None
+    try:
+        if d[0] == "llamacpp":
+            prompt = _post(url, "/apply-template", {"messages": messages}, timeout_s).get("prompt")
+            ids = _post(url, "/tokenize", {"content": prompt, "add_special": True}, timeout_s).get("tokens")
+        else:
+            ids = _post(url, "/tokenize", {"model": d[1], "messages": messages, "add_generation_prompt": True},
+                        timeout_s).get("tokens")
     except InputError:
         return None
     return [int(t) for t in ids] if isinstance(ids, list) and ids else None
@@ -98,17 +143,23 @@ def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float) -> li
 
 def greedy_ids(url: str, ids: list[int], n: int, timeout_s: float) -> list[int]:
     """The server's greedy continuation of ``ids``, ``n`` tokens at most, as token ids."""
-    d = _post(url, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": 0,
-                                   "cache_prompt": True, "return_tokens": True}, timeout_s)
-    return [int(t) for t in d.get("tokens") or ()]
+    d = _dialect(url, timeout_s)
+    if d is not None and d[0] == "openai":
+        got = _post(url, "/v1/completions", {"model": d[1], "prompt": ids, "max_tokens": n, "temperature": 0, "seed": 0,
+                                             "return_token_ids": True}, timeout_s)
+        choices = got.get("choices") or [{}]
+        return [int(t) for t in choices[0].get("token_ids") or ()]
+    got = _post(url, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": 0,
+                                     "cache_prompt": True, "return_tokens": True}, timeout_s)
+    return [int(t) for t in got.get("tokens") or ()]
 
 
 def forced_ids(url: str, ids: list[int], continuation: list[int], timeout_s: float) -> list[int]:
     """Teacher forcing: at every position of ``continuation``, the token the server would pick
     next given the prompt and the continuation so far (not its own earlier picks). One request a
-    position, each a one-token step on the cached prefix, so every position is read as in decode:
-    through the KV cache the candidate stores (a whole-sequence prefill could attend to
-    unquantised keys). An early difference does not carry into later positions, as it does when
+    position, each a one-token step on the cached prefix (llama.cpp's prompt cache, vLLM's prefix
+    cache), so every position attends to the context through the KV cache the server stores (a
+    whole-sequence prefill could attend to unquantised keys). An early difference does not carry into later positions, as it does when
     two free-running outputs are compared word by word."""
     out = []
     for i in range(len(continuation)):
@@ -122,7 +173,8 @@ def forced_agreement(baseline: str, candidate: str, messages: list[dict[str, str
     """(share of the baseline's greedy continuation where both servers, teacher-forced, pick the
     same next token; positions compared). The baseline is forced the same way, so the two differ
     only by the server (its KV format), not by how each position was computed; (None, 0) where
-    the servers cannot tokenise or return token ids (not llama.cpp)."""
+    the servers cannot tokenise or return token ids (neither llama.cpp nor vLLM), or tokenise the
+    prompt differently (not the same model)."""
     ids = prompt_ids(baseline, messages, timeout_s)
     if ids is None or prompt_ids(candidate, messages, timeout_s) != ids:
         return None, 0

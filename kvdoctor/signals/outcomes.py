@@ -193,7 +193,7 @@ def baseline_compared(w):
 @signal("baseline_forced_compared", "bool")
 def baseline_forced_compared(w):
     """1 when requests carry a teacher-forced comparison with a baseline (`kvdoctor quality
-    --capture` on llama.cpp servers), else 0."""
+    --capture` on llama.cpp or vLLM servers), else 0."""
     return float(np.isfinite(w.r("baseline_forced_agreement_frac")).sum() >= 8)
 
 
