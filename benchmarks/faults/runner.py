@@ -66,8 +66,8 @@ class ServerPool:
 
 
 def _incident_json(inc, now_s: float | None = None) -> dict:
-    # the worst broken objective's burn rate: lets a later scoring weigh leads that tie (NOTES.md)
-    burn = max((b.reading.burn_rate for b in inc.breaches if np.isfinite(b.reading.burn_rate)), default=None)
+    # the worst broken objective's burn rate: the lead between incidents that tie otherwise (lead_key)
+    burn = inc.burn_rate
     return {"start_s": inc.start_s, "end_s": inc.end_s, "severity": inc.severity, "observation": bool(inc.observation),
             "symptom": inc.symptom, "opened_s": now_s, "burn_rate": None if burn is None else round(float(burn), 2),
             "causes": [{"rule": c.rule.id, "kind": c.rule.kind, "title": c.cause, "confidence": c.confidence}

@@ -30,7 +30,7 @@ NO_CAUSE = "(objective broken, no cause)"
 def ranked_causes(incidents: list[dict] | None) -> list[tuple[str, str]]:
     """(rule, cause title) of the paging incidents' causes, the lead incident first."""
     pages = [i for i in incidents or () if not i["observation"] and i["severity"] in SEVERITY]
-    pages.sort(key=lambda i: lead_key(i["severity"], max(c["confidence"] for c in i["causes"]), i["start_s"]))
+    pages.sort(key=lambda i: lead_key(i["severity"], max(c["confidence"] for c in i["causes"]), i["start_s"], i.get("burn_rate")))
     out: list[tuple[str, str]] = []
     for inc in pages:
         for c in inc["causes"]:

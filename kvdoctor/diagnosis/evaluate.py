@@ -322,6 +322,12 @@ def _overlap(a: list[Activation], b: list[Activation]) -> float:
     return min(a1, b1) - max(a0, b0)
 
 
+def standalone(rules: list[Rule]) -> bool:
+    """A harm that stands alone (its rules' ``standalone``: answers cut at the context limit):
+    nothing attaches to it, though the bare objective it breaks (error rate) fires beside it."""
+    return any(r.standalone for r in rules) and all(r.standalone or r.kind == "objective" for r in rules)
+
+
 def _attach(clusters: list[tuple[str, list[Activation]]]) -> list[tuple[str, list[Activation]]]:
     """One incident per cause, not one per rule or per symptom:
 
@@ -338,7 +344,7 @@ def _attach(clusters: list[tuple[str, list[Activation]]]) -> list[tuple[str, lis
             continue
         best, best_overlap = None, 0.0
         for k, (hs, hc) in enumerate(keep):
-            if all(a.rule.standalone for a in hc):
+            if standalone([a.rule for a in hc]):
                 continue
             overlap = _overlap(cluster, hc)
             (a0, a1), (h0, h1) = _span(cluster), _span(hc)

@@ -59,11 +59,15 @@ class Breach:
                 "p_value": json_number(r.p_value)}
 
 
-def lead_key(severity: str, confidence: float, start_s: float) -> tuple[int, float, float]:
+def lead_key(severity: str, confidence: float, start_s: float, burn_rate: float | None = None) -> tuple[int, float, float, float]:
     """The order incidents are read in, lead first: the most severe, then the one whose best
-    finding is surest, then the earliest. The one order for every output (the summary's first
-    line leads with the first) and for the fault benchmark, which scores the lead users read."""
-    return -SEVERITY_RANK[severity], -confidence, start_s
+    finding is surest, then the earliest, then the one whose broken objective burns its error
+    budget fastest (``burn_rate``: the share of requests over the objective against the share it
+    allows; what an SLO's burn-rate alert pages on first). The one order for every output (the
+    summary's first line leads with the first) and for the fault benchmark, which scores the lead
+    users read."""
+    burn = burn_rate if burn_rate is not None and burn_rate == burn_rate else 0.0
+    return -SEVERITY_RANK[severity], -confidence, start_s, -burn
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,13 @@ class Incident:
         return self.closed_s is None
 
     @property
-    def lead_key(self) -> tuple[int, float, float]:
-        return lead_key(self.severity, max(c.confidence for c in self.causes), self.start_s)
+    def lead_key(self) -> tuple[int, float, float, float]:
+        return lead_key(self.severity, max(c.confidence for c in self.causes), self.start_s, self.burn_rate)
+
+    @property
+    def burn_rate(self) -> float | None:
+        """The fastest burn among its broken objectives (None without a breach)."""
+        return max((b.reading.burn_rate for b in self.breaches if b.reading.burn_rate == b.reading.burn_rate), default=None)
 
     def to_json(self, label: Callable[[float], str] | None = None, arrivals_known: bool = True) -> dict[str, Any]:
         """The JSON shape; ``label`` writes a time as people read it (default: a unix time in

@@ -9,7 +9,7 @@ import itertools
 from ..capture import Capture
 from ..signals import Prepared
 from .coverage import context_limit
-from .evaluate import ATTACHABLE, Match, Options, is_incident, match_all, step_times
+from .evaluate import ATTACHABLE, Match, Options, is_incident, match_all, standalone, step_times
 from .incident import Incident, incident_on
 from .onset import live_onset
 from .rules import Rule
@@ -114,7 +114,7 @@ class LiveDiagnoser:
         for rid in sorted(firing):
             groups.setdefault((by_id[rid].symptom, not is_incident(active[rid].severity)), []).append(rid)
         harm_keys = [k for k in groups if not k[1] and k[0] not in ATTACHABLE
-                     and not all(by_id[r].standalone for r in groups[k])]
+                     and not standalone([by_id[r] for r in groups[k]])]
         for key in [k for k in groups if not k[1] and k[0] in ATTACHABLE]:
             if harm_keys:
                 groups[harm_keys[0]] += groups.pop(key)

@@ -44,6 +44,9 @@ class KeyNumbers:
     #: "ttft" -> {50: seconds, 90: ..., 99: ...} (NaN where not measured)
     latency_s: dict[str, dict[int, float]] = field(default_factory=dict)
     checks: tuple[ObjectiveCheck, ...] = ()
+    #: answers the server stopped at the per-request context limit (status 200, so not in
+    #: ``errors``); the error-rate objective counts them as failed (output-cut-at-context)
+    context_cut: int = 0
 
     def check_for(self, kind: str) -> list[ObjectiveCheck]:
         return [c for c in self.checks if c.objective.kind == kind]
@@ -53,7 +56,7 @@ class KeyNumbers:
             "requests": self.requests, "duration_s": json_number(self.duration_s),
             "request_rate_per_s": json_number(self.request_rate_per_s),
             "output_tokens_per_s": json_number(self.output_tokens_per_s),
-            "errors": self.errors, "error_rate": json_number(self.error_rate),
+            "errors": self.errors, "error_rate": json_number(self.error_rate), "context_cut": self.context_cut,
             "latency_s": {k: {f"p{q}": json_number(v) for q, v in row.items()} for k, row in self.latency_s.items()},
             "objectives": [c.to_json() for c in self.checks],
         }
@@ -79,6 +82,7 @@ def key_numbers(w: Window, objectives: Iterable[Objective]) -> KeyNumbers:
         r = by_signal.get(o.key)
         if r is not None:
             checks.append(ObjectiveCheck(o, r.measured, r.broken, r.over, r.total))
-    errors = w.value("errors")
+    errors, cut = w.value("errors"), w.value("context_cut_requests")
     return KeyNumbers(w.n_requests, w.duration_s, w.value("request_rate_per_s"), w.value("output_tokens_per_s"),
-                      int(errors) if np.isfinite(errors) else None, w.value("error_rate"), lat, tuple(checks))
+                      int(errors) if np.isfinite(errors) else None, w.value("error_rate"), lat, tuple(checks),
+                      int(cut) if np.isfinite(cut) else 0)

@@ -247,6 +247,8 @@ class _Page:
             vol.append(f"{fmt(k.output_tokens_per_s, 'tokens/s')} out")
         if k.errors is not None:
             err = f"{k.errors:,} failed ({fmt(k.error_rate, 'fraction')})"
+            if k.context_cut:
+                err += f", {k.context_cut:,} cut at the context limit"
             for c in k.check_for("error_rate"):
                 err += f"; objective ≤ {target_text(c.objective.target, 'fraction')}" + (" — broken" if c.broken else "")
             vol.append(err)

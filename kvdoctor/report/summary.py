@@ -97,6 +97,8 @@ def key_numbers_lines(diag: Diagnosis) -> list[str]:
         parts.append(f"{fmt(k.output_tokens_per_s, 'tokens/s')} out")
     if k.errors is not None:
         err = f"{k.errors:,} failed ({fmt(k.error_rate, 'fraction')})" if _measured(k.error_rate) else f"{k.errors:,} failed"
+        if k.context_cut:
+            err += f", {k.context_cut:,} cut at the context limit"
         for c in k.check_for("error_rate"):
             err += f"; objective <= {target_text(c.objective.target, 'fraction')}" + (" BROKEN" if c.broken else "")
         parts.append(err)

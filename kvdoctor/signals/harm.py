@@ -27,6 +27,7 @@ from ..engines.rates import histogram_count_over
 from ..numeric import binom_sf
 from ..objectives import ERROR_RATE, LATENCY_OBJECTIVES, ROUTE_SEP
 from .load import _baseline
+from .outcomes import cut_at_limit
 from .registry import percentile, signal
 
 #: a delay a user notices as an interruption (Nielsen, Usability Engineering, 1993: 0.1 s feels
@@ -103,7 +104,13 @@ def readings(w) -> list[Reading]:
         kind = _kind(sig)
         mine = _route_mask(w, route) if route else None
         if kind == ERROR_RATE:
-            failed = w.prep.is_error[w.req] if mine is None else w.prep.is_error[w.req][mine]
+            # an answer the server stopped at the context limit is one the user did not get:
+            # failed, as a refusal is (output-cut-at-context), though its status said 200
+            failed = w.prep.is_error[w.req]
+            cut = cut_at_limit(w)
+            if cut is not None:
+                failed = failed | cut
+            failed = failed if mine is None else failed[mine]
             n = len(failed)
             out.append(Reading(key, target, float(failed.mean()) if n >= MIN_REQUESTS else np.nan,
                                int(failed.sum()) if n >= MIN_REQUESTS else 0, n if n >= MIN_REQUESTS else 0, target))
