@@ -41,6 +41,8 @@ def command(baseline, candidate, prompts_path, max_tokens, buckets, fmt, output,
       kvdoctor quality --baseline http://127.0.0.1:8081 --candidate http://127.0.0.1:8082 --prompts long.jsonl \\
           --capture q4cap/ --candidate-config cache_type_k=q4_0 --candidate-config cache_type_v=q4_0
       kvdoctor diagnose q4cap/      # kv-quant-quality, judged against the baseline
+      # vLLM: `vllm serve MODEL --port 8081` against `vllm serve MODEL --kv-cache-dtype fp8 --port 8082`,
+      # with --candidate-config kv_cache_dtype=fp8
     """
     from ..quality import by_context, compare, read_prompts, verdict, write_capture
     from .attach import _engine_config
