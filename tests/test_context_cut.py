@@ -53,6 +53,7 @@ def test_the_cut_is_its_own_incident_and_the_ttft_breach_keeps_its_cause(sample)
     # the error-rate objective counts the cut answers as failed (status 200 though they were)
     cuts = _window(sample).value("context_cut_requests")
     assert cut[0].breaches and cut[0].breaches[0].reading.over == cuts > 0
+    assert cut[0].breaches[0].reading.cut == cuts  # and says they were cut, not refused
     assert cut[0].severity == "critical" and not cut[0].observation
     ttft = [i for i in d.incidents if i.symptom == "ttft"]
     assert ttft and ttft[0].breaches, "the load broke the TTFT objective in these runs"

@@ -41,6 +41,8 @@ def breach_text(b: Breach) -> str:
     o, r = b.objective, b.reading
     what = "failed" if o.percentile is None else "over"
     count = f"{r.over:,} of {r.total:,} {'gaps' if o.kind == 'itl' else 'requests'} {what}"
+    if r.cut:
+        count += f", {r.cut:,} of them cut at the context limit"
     default = f"; {o.source.removeprefix('default (').removesuffix(')')} default" if not o.stated else ""
     return (f"{o.label} {fmt(r.measured, o.unit)} over the {target_text(o.target, o.unit)} objective "
             f"({count}{default})")

@@ -68,6 +68,8 @@ class Reading:
     total: int
     #: the share of requests the objective lets be over target (1% for a P99; the rate itself for errors)
     budget: float
+    #: error rate: how many of ``over`` are answers cut at the context limit (status 200)
+    cut: int = 0
 
     @property
     def share_over(self) -> float:
@@ -111,9 +113,11 @@ def readings(w) -> list[Reading]:
             if cut is not None:
                 failed = failed | cut
             failed = failed if mine is None else failed[mine]
+            n_cut = 0 if cut is None else int((cut if mine is None else cut[mine]).sum())
             n = len(failed)
             out.append(Reading(key, target, float(failed.mean()) if n >= MIN_REQUESTS else np.nan,
-                               int(failed.sum()) if n >= MIN_REQUESTS else 0, n if n >= MIN_REQUESTS else 0, target))
+                               int(failed.sum()) if n >= MIN_REQUESTS else 0, n if n >= MIN_REQUESTS else 0, target,
+                               n_cut if n >= MIN_REQUESTS else 0))
             continue
         if kind not in LATENCY_OBJECTIVES:
             continue
