@@ -231,8 +231,6 @@ def run_one(fault: Fault, engine: str, out: Path, pool: ServerPool, *, log=print
     if share < 1.0:
         rec["share"] = share
     if fault.kind == "quality":
-        if engine == VLLM:
-            pool.close()  # the quality run starts its own two servers
         return _run_quality(fault, out, rec, log, share)
     vllm_dtype = None
     opened: list[dict] = []
@@ -278,30 +276,21 @@ def run_one(fault: Fault, engine: str, out: Path, pool: ServerPool, *, log=print
 
 
 def _run_quality(fault: Fault, out: Path, rec: dict, log, share: float = 1.0) -> dict:
-    """Baseline (full-precision KV) and candidate (quantised KV) servers of one engine, the same
-    long-context prompts, greedy and teacher-forced; the candidate's capture holds each request's
-    comparison (``kvdoctor quality``). llama.cpp: f16 against ``-ctk/-ctv KV``; vLLM: its model
-    dtype against ``--kv-cache-dtype KV``. Offline by nature: there is no live verdict."""
+    """Baseline (f16 KV) and candidate (quantised KV) llama-servers, the same long-context prompts,
+    greedy and teacher-forced; the candidate's capture holds each request's comparison (``kvdoctor
+    quality``). Offline by nature: there is no live verdict."""
     from kvdoctor.quality.capture import write_capture
     from kvdoctor.quality.probe import compare
 
     kv, n_ctx = fault.params["kv"], 4096
-    n = 8 if share >= 1.0 else max(4, round(8 * share))  # 100 to 1,800 tokens of context either way
     t0 = rec["load_start_s"] = rec["fault_start_s"] = time.time()
-    if rec["engine"] == VLLM:
-        from harness.vllm_server import VllmServer
-
-        servers = (VllmServer(max_model_len=n_ctx, max_num_seqs=2), VllmServer(["--kv-cache-dtype", kv], max_model_len=n_ctx, max_num_seqs=2))
-        config = {"kv_cache_dtype": kv, "context_len_tokens": n_ctx, "max_running_requests": 2}
-    else:
-        servers = (LlamaServer(["-fa", "on", "-ctk", "f16", "-ctv", "f16"], n_ctx=n_ctx),
-                   LlamaServer(["-fa", "on", "-ctk", kv, "-ctv", kv], n_ctx=n_ctx))
-        config = {"cache_type_k": kv, "cache_type_v": kv, "flash_attn": "on", "context_len_tokens": n_ctx,
-                  "max_running_requests": 1}
-    with servers[0] as base, servers[1] as cand:
+    with LlamaServer(["-fa", "on", "-ctk", "f16", "-ctv", "f16"], n_ctx=n_ctx) as base, \
+            LlamaServer(["-fa", "on", "-ctk", kv, "-ctv", kv], n_ctx=n_ctx) as cand:
+        n = 8 if share >= 1.0 else max(4, round(8 * share))  # 100 to 1,800 tokens of context either way
         results = compare(base.url, cand.url, quality_prompts(n), 48)
         # while the candidate is up: the capture asks it which engine it is
-        write_capture(results, out, cand.url, config)
+        write_capture(results, out, cand.url, {"cache_type_k": kv, "cache_type_v": kv, "flash_attn": "on",
+                                               "context_len_tokens": n_ctx, "max_running_requests": 1})
     rec["load_end_s"] = time.time()
     rec["slo"], rec["live"], rec["opened"] = {}, None, []
     rec["client"] = {"broken": ["quality"]}  # the fault is the outputs themselves

@@ -59,23 +59,17 @@ def read_prompts(path: Path) -> list[list[dict[str, str]]]:
 
 def complete(url: str, messages: list[dict[str, str]], max_tokens: int, timeout_s: float) -> tuple[str, int | None, float, int | None]:
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "top_k": 1, "seed": 0, "stream": False}
-    req = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=orjson.dumps(body),
-                                 headers={"Content-Type": "application/json"})
     t = time.perf_counter()
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            data = orjson.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        raise InputError(f"{url}: HTTP {e.code}: {e.read()[:200].decode(errors='replace')}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise InputError(f"{url}: cannot reach the server ({getattr(e, 'reason', e)})") from None
+    data = _request(url, "/v1/chat/completions", body, timeout_s)
     text = data["choices"][0]["message"].get("content") or ""
     usage = data.get("usage") or {}
     return text, usage.get("prompt_tokens"), time.perf_counter() - t, usage.get("completion_tokens")
 
 
-def _post(url: str, path: str, body: dict, timeout_s: float) -> dict:
-    req = urllib.request.Request(f"{url.rstrip('/')}{path}", data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+def _request(url: str, path: str, body: dict | None, timeout_s: float) -> dict:
+    """POST ``body`` as JSON (GET without one) to the server; the answer's JSON."""
+    req = urllib.request.Request(f"{url.rstrip('/')}{path}", data=None if body is None else orjson.dumps(body),
+                                 headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return orjson.loads(resp.read())
@@ -85,85 +79,68 @@ def _post(url: str, path: str, body: dict, timeout_s: float) -> dict:
         raise InputError(f"{url}: cannot reach the server ({getattr(e, 'reason', e)})") from None
 
 
-def _get(url: str, path: str, timeout_s: float) -> dict:
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}{path}", timeout=timeout_s) as resp:
-            return orjson.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        raise InputError(f"{url}{path}: HTTP {e.code}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise InputError(f"{url}: cannot reach the server ({getattr(e, 'reason', e)})") from None
-
-
-#: server URL -> how it takes token ids (:func:`_dialect`), asked once a server
-_DIALECTS: dict[str, tuple[str, str | None] | None] = {}
-
-
 def _dialect(url: str, timeout_s: float) -> tuple[str, str | None] | None:
     """How the server takes token ids: ("llamacpp", None) for llama.cpp's /apply-template,
     /tokenize and /completion; ("openai", MODEL) for vLLM's /tokenize (chat messages in) and
     /v1/completions with a token-id prompt and ``return_token_ids``; None for neither."""
-    key = url.rstrip("/")
-    if key not in _DIALECTS:
-        got = None
-        try:
-            if "prompt" in _post(url, "/apply-template", {"messages": [{"role": "user", "content": "x"}]}, timeout_s):
-                got = ("llamacpp", None)
-        except (InputError, orjson.JSONDecodeError):
-            pass
-        if got is None:
-            try:
-                models = _get(url, "/v1/models", timeout_s).get("data") or []
-                model = models[0]["id"] if models else None
-                if model and isinstance(_post(url, "/tokenize", {"model": model, "prompt": "x"}, timeout_s).get("tokens"), list):
-                    got = ("openai", model)
-            except (InputError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-                pass
-        _DIALECTS[key] = got
-    return _DIALECTS[key]
+    try:
+        if "prompt" in _request(url, "/apply-template", {"messages": [{"role": "user", "content": "x"}]}, timeout_s):
+            return "llamacpp", None
+    except (InputError, orjson.JSONDecodeError):
+        pass
+    try:
+        models = _request(url, "/v1/models", None, timeout_s).get("data") or []
+        model = models[0]["id"] if models else None
+        if model and isinstance(_request(url, "/tokenize", {"model": model, "prompt": "x"}, timeout_s).get("tokens"), list):
+            return "openai", model
+    except (InputError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        pass
+    return None
 
 
-def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float) -> list[int] | None:
+def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float, dialect=...) -> list[int] | None:
     """The chat prompt as the server's own token ids (its chat template applied), or None where
-    the server cannot say (neither llama.cpp nor vLLM)."""
-    d = _dialect(url, timeout_s)
+    the server cannot say (neither llama.cpp nor vLLM). ``dialect``: :func:`_dialect`'s answer
+    when already asked."""
+    d = _dialect(url, timeout_s) if dialect is ... else dialect
     if d is None:
         return None
     try:
         if d[0] == "llamacpp":
-            prompt = _post(url, "/apply-template", {"messages": messages}, timeout_s).get("prompt")
-            ids = _post(url, "/tokenize", {"content": prompt, "add_special": True}, timeout_s).get("tokens")
+            prompt = _request(url, "/apply-template", {"messages": messages}, timeout_s).get("prompt")
+            ids = _request(url, "/tokenize", {"content": prompt, "add_special": True}, timeout_s).get("tokens")
         else:
-            ids = _post(url, "/tokenize", {"model": d[1], "messages": messages, "add_generation_prompt": True},
+            ids = _request(url, "/tokenize", {"model": d[1], "messages": messages, "add_generation_prompt": True},
                         timeout_s).get("tokens")
     except InputError:
         return None
     return [int(t) for t in ids] if isinstance(ids, list) and ids else None
 
 
-def greedy_ids(url: str, ids: list[int], n: int, timeout_s: float) -> list[int]:
+def greedy_ids(url: str, ids: list[int], n: int, timeout_s: float, dialect=...) -> list[int]:
     """The server's greedy continuation of ``ids``, ``n`` tokens at most, as token ids."""
-    d = _dialect(url, timeout_s)
+    d = _dialect(url, timeout_s) if dialect is ... else dialect
     if d is not None and d[0] == "openai":
-        got = _post(url, "/v1/completions", {"model": d[1], "prompt": ids, "max_tokens": n, "temperature": 0, "seed": 0,
+        got = _request(url, "/v1/completions", {"model": d[1], "prompt": ids, "max_tokens": n, "temperature": 0, "seed": 0,
                                              "return_token_ids": True}, timeout_s)
         choices = got.get("choices") or [{}]
         return [int(t) for t in choices[0].get("token_ids") or ()]
-    got = _post(url, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": 0,
+    got = _request(url, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": 0,
                                      "cache_prompt": True, "return_tokens": True}, timeout_s)
     return [int(t) for t in got.get("tokens") or ()]
 
 
-def forced_ids(url: str, ids: list[int], continuation: list[int], timeout_s: float) -> list[int]:
+def forced_ids(url: str, ids: list[int], continuation: list[int], timeout_s: float, dialect=...) -> list[int]:
     """Teacher forcing: at every position of ``continuation``, the token the server would pick
     next given the prompt and the continuation so far (not its own earlier picks). One request a
     position, each a one-token step on the cached prefix (llama.cpp's prompt cache, vLLM's prefix
     cache), so every position attends to the context through the KV cache the server stores (a
-    whole-sequence prefill could attend to unquantised keys). An early difference does not carry into later positions, as it does when
-    two free-running outputs are compared word by word."""
+    whole-sequence prefill could attend to unquantised keys). An early difference does not carry
+    into later positions, as it does when two free-running outputs are compared word by word."""
+    d = _dialect(url, timeout_s) if dialect is ... else dialect
     out = []
     for i in range(len(continuation)):
-        got = greedy_ids(url, ids + continuation[:i], 1, timeout_s)
+        got = greedy_ids(url, ids + continuation[:i], 1, timeout_s, d)
         out.append(got[0] if got else -1)
     return out
 
@@ -174,15 +151,17 @@ def forced_agreement(baseline: str, candidate: str, messages: list[dict[str, str
     same next token; positions compared). The baseline is forced the same way, so the two differ
     only by the server (its KV format), not by how each position was computed; (None, 0) where
     the servers cannot tokenise or return token ids (neither llama.cpp nor vLLM), or tokenise the
-    prompt differently (not the same model)."""
-    ids = prompt_ids(baseline, messages, timeout_s)
-    if ids is None or prompt_ids(candidate, messages, timeout_s) != ids:
+    prompt differently (not the same model). Each server's dialect is asked once a call (a port
+    may serve another engine later, so it is not remembered)."""
+    da, db = _dialect(baseline, timeout_s), _dialect(candidate, timeout_s)
+    ids = prompt_ids(baseline, messages, timeout_s, da)
+    if ids is None or prompt_ids(candidate, messages, timeout_s, db) != ids:
         return None, 0
-    cont = greedy_ids(baseline, ids, max_tokens, timeout_s)
+    cont = greedy_ids(baseline, ids, max_tokens, timeout_s, da)
     if not cont:
         return None, 0
-    a = forced_ids(baseline, ids, cont, timeout_s)
-    b = forced_ids(candidate, ids, cont, timeout_s)
+    a = forced_ids(baseline, ids, cont, timeout_s, da)
+    b = forced_ids(candidate, ids, cont, timeout_s, db)
     return sum(x == y for x, y in zip(a, b)) / len(cont), len(cont)
 
 

@@ -47,7 +47,7 @@ def verdict(rows: list[dict[str, Any]], params: dict[str, float] | None = None,
     long_, short = rows[-1], rows[0]
     rep_gap = (long_["candidate_repetition_p50"] or 0) - (long_["baseline_repetition_p50"] or 0)
     forced = [r.forced_agreement_frac for r in results or () if r.forced_agreement_frac is not None]
-    if len(forced) >= 1:
+    if forced:
         f50 = float(np.median(forced))
         if f50 < p["min_forced_agreement"] or rep_gap >= p["min_repetition_gap"]:
             return (f"DEGRADED: teacher-forced, the candidate picks the baseline's next token at {f50:.1%} of positions "

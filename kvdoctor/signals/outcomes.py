@@ -266,26 +266,30 @@ def cut_at_limit(w) -> np.ndarray | None:
     """Per request of the window: an answered request whose prompt + output filled the
     per-request context limit (the server stopped the answer there); None where the limit is not
     known. Read once a window (the two signals below and the error-rate objective ask)."""
-    if "context_cut" in w._cache:
-        return w._cache["context_cut"]
-    limit = w.value("context_limit_tokens")
-    got = None
-    if np.isfinite(limit):
-        prompt, out = w.r("prompt_tokens"), w.r("output_tokens")
-        m = (w.prep.error_code[w.req] == 0) & np.isfinite(prompt) & np.isfinite(out) & (out > 0)
-        # an engine stops a sequence when it fills the context: prompt + output then equals the
-        # limit (one token of slack: engines differ on whether the usage counts a start token)
-        got = m & (np.nan_to_num(prompt) + np.nan_to_num(out) >= limit - 1)
-        w._cache["context_cut_answered"] = int(m.sum())
-    w._cache["context_cut"] = got
+    return _cut(w)[0]
+
+
+def _cut(w) -> tuple[np.ndarray | None, int]:
+    """(cut_at_limit's mask, answered requests with both token counts), memoised on the window."""
+    got = w._cache.get("context_cut")
+    if got is None:
+        limit = w.value("context_limit_tokens")
+        got = (None, 0)
+        if np.isfinite(limit):
+            prompt, out = w.r("prompt_tokens"), w.r("output_tokens")
+            m = (w.prep.error_code[w.req] == 0) & np.isfinite(prompt) & np.isfinite(out) & (out > 0)
+            # an engine stops a sequence when it fills the context: prompt + output then equals the
+            # limit (one token of slack: engines differ on whether the usage counts a start token)
+            got = (m & (np.nan_to_num(prompt) + np.nan_to_num(out) >= limit - 1), int(m.sum()))
+        w._cache["context_cut"] = got
     return got
 
 
 def _cut_at_limit(w) -> tuple[int, int]:
     """(answers cut at the context limit, answers with both token counts) of the window's
     successful requests; (0, 0) where the limit is not known."""
-    cut = cut_at_limit(w)
-    return (0, 0) if cut is None else (int(cut.sum()), w._cache["context_cut_answered"])
+    cut, answered = _cut(w)
+    return (0, 0) if cut is None else (int(cut.sum()), answered)
 
 
 @signal("context_cut_requests", "count")
