@@ -2,6 +2,7 @@
 when the evidence is gone, and agree with the offline diagnosis of the same data."""
 import concurrent.futures
 import dataclasses
+import gc
 import os
 import signal
 
@@ -157,3 +158,20 @@ def test_worker_process_steps_as_the_diagnoser_does():
         assert res.percentiles["kvdoctor_ttft_seconds"]["0.50"] == pytest.approx(fresh.last_window.value("ttft_p50_s"))
     finally:
         worker.close()
+
+
+def test_the_agents_recent_past_is_not_walked_by_the_garbage_collector():
+    """The agent keeps the recent past (lookback + the longest hold) on the relay's process; every
+    full collection there walks what it holds as objects, a stall on every stream relayed. Kept
+    packed, nothing of it is tracked once a collection has looked at it, and it reads back whole."""
+    cap = kvdoctor.load(CASES / "queueing")
+    recs = sorted(request_records(cap), key=record_time_s)
+    assert all(gc.is_tracked(r) for r in recs)  # as objects, every record is walked
+    worker = LiveWorker(load_rules(), Options(), 3600)
+    for r in recs:
+        worker.add("requests", r)
+    gc.collect()
+    assert not any(gc.is_tracked(item) for item in worker.past.records["requests"])
+    assert worker.recent("requests") == recs
+    worker.past.trim(record_time_s(recs[len(recs) // 2]) + 3600)
+    assert worker.recent("requests") == [r for r in recs if record_time_s(r) >= record_time_s(recs[len(recs) // 2])]

@@ -119,3 +119,28 @@ def test_an_event_that_is_not_json_fails_the_analysis_on_either_path(monkeypatch
         an = analyse(b"".join(bad), [sum(map(len, bad[:i + 1])) for i in range(len(bad) - 1)], 1 << 20,
                      monkeypatch, plain)
         assert isinstance(an.failed, orjson.JSONDecodeError)
+
+
+def test_the_first_token_is_read_without_settling_the_rest():
+    """A live view asks every stream in flight for its first token: once known, the reads kept since
+    stay kept (analysed in their own batch, not all streams' at once on the loop), and the stream's
+    final figures are those of an annotator settled at every read."""
+    events = STREAMS["vllm"]
+    lazy = sse.StreamAnnotator("chat", 1000.0, True, 0.0)
+    eager = sse.StreamAnnotator("chat", 1000.0, True, 0.0)
+    for an in (lazy, eager):
+        an.start(200, "text/event-stream")
+    assert lazy.first_seen_s() is None
+    for k, chunk in enumerate(events[:3]):
+        lazy.feed(chunk, float(k))
+        eager.feed(chunk, float(k))
+        eager.settle()
+    first = lazy.first_seen_s()
+    assert first == eager.first_s == 1.0  # the role-only first event (read 0) carries no token
+    for k, chunk in enumerate(events[3:], start=3):
+        lazy.feed(chunk, float(k))
+        eager.feed(chunk, float(k))
+        eager.settle()
+    assert lazy.first_seen_s() == first and lazy._pending  # still kept: nothing settled for the view
+    lazy.settle()
+    assert (lazy.n_content, lazy.itl, lazy.first_s) == (eager.n_content, eager.itl, eager.first_s)

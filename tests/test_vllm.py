@@ -215,7 +215,7 @@ def wait_for_records(att, want_ids, timeout_s=60.0):
     """vLLM batches spans (OTEL_BSP_SCHEDULE_DELAY): wait until the agent has them all."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        have = {r.request_id for r in list(att.agent.live_worker.past.records["requests"])}
+        have = {r.request_id for r in att.agent.live_worker.recent("requests")}
         if want_ids <= have:
             return
         time.sleep(0.5)

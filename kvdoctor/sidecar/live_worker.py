@@ -5,6 +5,11 @@ holds the GIL the proxy relays with for most of its run: every stream that has a
 waits for it, which is added TTFT and ITL measured on the clients (benchmarks/bench_proxy.py).
 The worker keeps its own copy of the recent past and the :class:`LiveDiagnoser` with its hold
 state; the agent sends it only what is new, and gets back what to announce and export.
+
+The agent's copy (to start a new worker from) holds each record pickled once, as it arrives: bytes
+the cyclic garbage collector never visits. As objects (a record, its ITL and prefix-hash lists)
+the lookback plus the longest hold (16 minutes: ~300,000 requests at an H200's rates) were
+traversed by every full collection on the relay's loop, a stall that grew with the rate.
 """
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
-from typing import Any
+import operator
+import pickle
+from typing import Any, Callable
 
 from ..capture import from_records
 from ..diagnosis import Incident, Options, Rule
@@ -48,10 +55,12 @@ def record_time_s(record: Any) -> float:
 
 
 class RecentPast:
-    """Records of the last ``keep_s`` seconds by kind, appended in time order."""
+    """Records of the last ``keep_s`` seconds by kind, appended in time order; ``time_of`` reads an
+    item's time (a record's, or a packed record's)."""
 
-    def __init__(self, keep_s: float):
+    def __init__(self, keep_s: float, time_of: Callable[[Any], float] = record_time_s):
         self.keep_s = keep_s
+        self.time_of = time_of
         self.records: dict[str, collections.deque] = {k: collections.deque() for k in KINDS}
 
     def add(self, new: dict[str, list]) -> None:
@@ -60,7 +69,7 @@ class RecentPast:
 
     def trim(self, now_s: float) -> None:
         for dq in self.records.values():
-            while dq and record_time_s(dq[0]) < now_s - self.keep_s:
+            while dq and self.time_of(dq[0]) < now_s - self.keep_s:
                 dq.popleft()
 
 
@@ -73,9 +82,18 @@ def _init(rules: list[Rule], options: Options, keep_s: float) -> None:
     _State.live, _State.past = LiveDiagnoser(rules, options), RecentPast(keep_s)
 
 
+def pack(record: Any) -> tuple[float, bytes]:
+    """A record as the agent keeps it: its time, and itself pickled."""
+    return record_time_s(record), pickle.dumps(record, pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(packed: list[tuple[float, bytes]]) -> list:
+    return [pickle.loads(b) for _, b in packed]
+
+
 def _step(meta: CaptureMeta, new: dict[str, list], in_flight: list, now_s: float) -> StepResult:
     past = _State.past
-    past.add(new)
+    past.add({k: unpack(v) for k, v in new.items()})
     past.trim(now_s)
     recent = {k: list(v) for k, v in past.records.items()}
     recent["requests"] += in_flight  # requests still waiting or streaming count too (live only)
@@ -100,17 +118,24 @@ class LiveWorker:
 
     def __init__(self, rules: list[Rule], options: Options, keep_s: float):
         self._args = (rules, options, keep_s)
-        self.past = RecentPast(keep_s)  # the agent's copy, to start a new worker from
+        #: the agent's copy, to start a new worker from: (time, pickled record) items (see above)
+        self.past = RecentPast(keep_s, time_of=operator.itemgetter(0))
         self._new: dict[str, list] = {k: [] for k in KINDS}
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     def add(self, kind: str, record: Any) -> None:
         """A record just captured (on the event loop)."""
-        self.past.records[kind].append(record)
-        self._new[kind].append(record)
+        item = pack(record)
+        self.past.records[kind].append(item)
+        self._new[kind].append(item)
+
+    def recent(self, kind: str) -> list:
+        """The agent's copy of the recent past of ``kind``, as records."""
+        return unpack(list(self.past.records[kind]))
 
     def take_new(self, now_s: float) -> dict[str, list]:
-        """What the worker has not seen yet, all of the recent past for a new worker (on the loop)."""
+        """What the worker has not seen yet, all of the recent past for a new worker (on the loop);
+        packed records (:func:`pack`)."""
         self.past.trim(now_s)
         if self._pool is None:
             new = {k: list(v) for k, v in self.past.records.items()}

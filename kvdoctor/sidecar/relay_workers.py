@@ -87,7 +87,8 @@ async def _serve(conn: Any, upstream: str, host: str, port: int, store_text: boo
     conn.send(("ready", os.getpid()))
 
     def state() -> None:
-        conn.send(("state", [(k, an.arrival_s, an.first_s) for k, an in _settled(relay.in_flight)], dict(relay.stats)))
+        conn.send(("state", [(k, an.arrival_s, an.first_seen_s()) for k, an in list(relay.in_flight.items())],
+                   dict(relay.stats)))
         handle[0] = loop.call_later(STATE_S, state)
 
     handle = [loop.call_later(STATE_S, state)]
@@ -99,13 +100,6 @@ async def _serve(conn: Any, upstream: str, host: str, port: int, store_text: boo
     sink.flush()
     conn.send(("state", [], dict(relay.stats)))
     conn.send(("done",))
-
-
-def _settled(in_flight: dict[int, Any]) -> list[tuple[int, Any]]:
-    out = list(in_flight.items())
-    for _, an in out:
-        an.settle()
-    return out
 
 
 def _relay_main(conn: Any, parent_pid: int, upstream: str, host: str, port: int, store_text: bool,

@@ -112,9 +112,9 @@ class Relay:
         status ``in-flight``. For the live window only; never written to the capture."""
         out = []
         for k, an in list(self.in_flight.items()):
-            an.settle()  # what its stream relayed so far (the first token among it)
-            out.append(RequestRecord(request_id=f"in-flight-{k:x}", arrival_s=an.arrival_s, first_token_s=an.first_s,
-                                     ttft_s=(an.first_s - an.arrival_s) if an.first_s is not None else None,
+            first = an.first_seen_s()  # reads kept since are analysed in their own time
+            out.append(RequestRecord(request_id=f"in-flight-{k:x}", arrival_s=an.arrival_s, first_token_s=first,
+                                     ttft_s=(first - an.arrival_s) if first is not None else None,
                                      status="in-flight", server=self.server_label))
         return out
 
@@ -176,6 +176,10 @@ class Relay:
         stream: Request | None = None
         if request.early is not None:
             body, out, sent, t_send = request.early
+            # taken: left on the request it closes a cycle (request -> its upstream response -> the
+            # eager relay -> reply -> request) that only the cyclic collector frees, a stall on
+            # the loop that grows with the requests it holds (idle_gc.py)
+            request.early = None
         else:
             declared = request.content_length
             if (declared is not None and declared > MAX_ANALYSED_BODY) or (declared is None and request.chunked):

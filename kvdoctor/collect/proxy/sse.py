@@ -149,6 +149,15 @@ class StreamAnnotator:
             self.settle()
 
     # ---------------------------------------------------------------- off the hot path
+    def first_seen_s(self) -> float | None:
+        """The first token's stamp, or None before it; the kept reads are analysed only while it is
+        unknown. A live view of every stream in flight must not settle them all at once on the
+        relay's loop: 256 streams holding up to SETTLE_BYTES each made one stall of tens of ms
+        (bench_relay_scale: the added delay's P99)."""
+        if self.first_s is None:
+            self.settle()
+        return self.first_s
+
     def settle(self) -> None:
         """Analyse the reads kept so far, in order; never raises (a failure is kept in ``failed``)."""
         chunks = self._pending
