@@ -6,6 +6,7 @@ boundaries); ``@pytest.mark.server`` tests run against a real llama.cpp llama-se
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import gzip
 import json
@@ -635,10 +636,10 @@ def test_requests_waiting_upstream_are_reported_in_flight():
     assert after == [] and len(records) == 4 and {r.status for r in records} == {"ok"}
 
 
-def test_many_concurrent_streams_intact():
-    payload = _chat_events([f"w{i} " for i in range(20)])
-
+def _streaming_upstream(payload: bytes) -> web.Application:
+    """An upstream that streams ``payload`` to every request in 50-byte writes, 1 ms apart."""
     async def upstream_handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(0, len(payload), 50):
@@ -647,15 +648,24 @@ def test_many_concurrent_streams_intact():
         await resp.write_eof()
         return resp
 
+    app = web.Application()
+    app.router.add_route("*", "/{t:.*}", upstream_handler)
+    return app
+
+
+async def _post_chat(s: aiohttp.ClientSession, px: str) -> bytes:
+    async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
+        return await r.read()
+
+
+def test_many_concurrent_streams_intact():
+    payload = _chat_events([f"w{i} " for i in range(20)])
+
     async def main():
         sink = ListSink()
-        app = web.Application()
-        app.router.add_route("*", "/{t:.*}", upstream_handler)
-        async with Started(app) as up, Started(make_proxy(up, sink)) as px:
+        async with Started(_streaming_upstream(payload)) as up, Started(make_proxy(up, sink)) as px:
             async with aiohttp.ClientSession() as s:
-                async def one():
-                    async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
-                        return await r.read()
+                one = functools.partial(_post_chat, s, px)
                 outs = await asyncio.gather(*(one() for _ in range(64)))
         return sink, outs
 
@@ -671,28 +681,14 @@ def test_a_relayed_stream_leaves_nothing_for_the_cyclic_collector():
     (bench_relay_scale at 256 streams), every stream's events held up meanwhile."""
     payload = _chat_events([f"w{i} " for i in range(20)])
 
-    async def upstream_handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i in range(0, len(payload), 50):
-            await resp.write(payload[i:i + 50])
-            await asyncio.sleep(0.001)
-        await resp.write_eof()
-        return resp
-
     def relay_garbage() -> list[str]:
         return sorted({type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("kvdoctor")})
 
     async def main():
         sink = ListSink()
-        app = web.Application()
-        app.router.add_route("*", "/{t:.*}", upstream_handler)
-        async with Started(app) as up, Started(make_proxy(up, sink)) as px:
+        async with Started(_streaming_upstream(payload)) as up, Started(make_proxy(up, sink)) as px:
             async with aiohttp.ClientSession() as s:
-                async def one():
-                    async with s.post(px + "/v1/chat/completions", json=CHAT_BODY) as r:
-                        return await r.read()
+                one = functools.partial(_post_chat, s, px)
                 await one()  # connections and caches made once
                 gc.collect()
                 gc.set_debug(gc.DEBUG_SAVEALL)
