@@ -249,7 +249,9 @@ def run_one(fault: Fault, engine: str, out: Path, pool: ServerPool, *, log=print
                 if phase.fault and "fault_start_s" not in rec:
                     rec["fault_start_s"] = time.time()
                     if fault.kind == "crash":
-                        injector = threading.Timer(fault.params["at_s"], lambda: (
+                        # a quick run's load is its share of the full one: the crash comes at the same
+                        # share of it (at 15 s it came after a quick load of 12 s had ended)
+                        injector = threading.Timer(fault.params["at_s"] * share, lambda: (
                             rec.__setitem__("fault_start_s", time.time()), _inject_crash(engine, srv, att.proxy_url)))
                         injector.start()
                 timings += asyncio.run(loadgen.run_load(att.proxy_url, cut(phase.requests(), share), phase.concurrency,
@@ -286,8 +288,12 @@ def _run_quality(fault: Fault, out: Path, rec: dict, log, share: float = 1.0) ->
     t0 = rec["load_start_s"] = rec["fault_start_s"] = time.time()
     with LlamaServer(["-fa", "on", "-ctk", "f16", "-ctv", "f16"], n_ctx=n_ctx) as base, \
             LlamaServer(["-fa", "on", "-ctk", kv, "-ctv", kv], n_ctx=n_ctx) as cand:
-        n = 8 if share >= 1.0 else max(4, round(8 * share))  # 100 to 1,800 tokens of context either way
-        results = compare(base.url, cand.url, quality_prompts(n), 48)
+        # 8 prompts (the rule's request floor: fewer could never fire it) of 100 to 1,800 tokens of
+        # context, each continued 48 tokens; a quick run cuts the context and the continuation to
+        # its share instead (prefill is most of a comparison's time on a CPU)
+        quick = share < 1.0
+        prompts = quality_prompts(8, 100, max(200, round(1800 * share)) if quick else 1800)
+        results = compare(base.url, cand.url, prompts, max(16, round(48 * share)) if quick else 48)
         # while the candidate is up: the capture asks it which engine it is
         write_capture(results, out, cand.url, {"cache_type_k": kv, "cache_type_v": kv, "flash_attn": "on",
                                                "context_len_tokens": n_ctx, "max_running_requests": 1})

@@ -7,7 +7,9 @@ differ in load, prompt mix and engine flags, so no single threshold passes a cla
 of each class (``quick=True``) makes the quick run: the shortest in the full run on this machine,
 chosen by wall time whatever it scored (kv-quant's q4_0 stays, though q4_1 is 6 s shorter and
 scored right where q4_0 did not, so the quick run is not the benchmark's best face), sent at
-:data:`QUICK_SHARE` of its requests (:func:`cut`). The quick run proves the whole path runs and
+:data:`QUICK_SHARE` of its requests (:func:`cut`), a crash injected at that share of its time, a
+quality run's 8 prompts kept (the rule's request floor), their context and continuation cut to
+that share. The quick run proves the whole path runs and
 scores on both engines inside the test suite's time; its scores are not the benchmark's figures
 (a shorter load can end before a rule's hold), the full run's are. ``expect`` lists the causes that
 name the injected fault (a rule, and where the rule names several causes, words of the cause
