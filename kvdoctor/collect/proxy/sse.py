@@ -151,9 +151,8 @@ class StreamAnnotator:
     # ---------------------------------------------------------------- off the hot path
     def first_seen_s(self) -> float | None:
         """The first token's stamp, or None before it; the kept reads are analysed only while it is
-        unknown. A live view of every stream in flight must not settle them all at once on the
-        relay's loop: 256 streams holding up to SETTLE_BYTES each made one stall of tens of ms
-        (bench_relay_scale: the added delay's P99)."""
+        unknown. The live view asks every stream in flight: a stream whose first token is known
+        keeps its reads for its own batch instead of adding them to that one pass on the loop."""
         if self.first_s is None:
             self.settle()
         return self.first_s
