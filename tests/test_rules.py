@@ -229,6 +229,21 @@ def test_fix_unless_leaves_out_a_fix_the_evidence_rules_out(tmp_path, run_cli):
         load_rules([bad])
 
 
+def test_prefill_bound_offers_the_prefix_cache_only_where_prompts_share_prefixes(run_cli):
+    """A prefix cache saves only prompt blocks an earlier request already computed. On real
+    llama.cpp captures whose prompts share no block (samples/long-prompts: an ideal cache would
+    serve 0% of their tokens) prefill-bound's first fix is not the prefix cache; on the shared
+    1,000-token prefix of samples/prefix-cache-off (92% servable) it is kept, as where unknown."""
+    rule = next(r for r in load_rules() if r.id == "prefill-bound")
+    cache = rule.fixes[0]
+    assert "prefix" in cache.title.lower() and cache.unless is not None
+    assert rule.fixes_for(lambda s: 0.0)[0] is not cache
+    assert rule.fixes_for(lambda s: 0.916)[0] is cache
+    assert rule.fixes_for(lambda s: math.nan)[0] is cache  # no block hashes: unknown keeps it
+    lead = run_cli("summary", "samples/long-prompts").stdout.splitlines()
+    assert "(prefill-bound" in lead[0] and "prefix" not in lead[1].lower(), lead[:2]
+
+
 def test_not_of_unknown_is_unknown():
     """Kleene's three-valued logic: `not` of a NaN signal stays unknown, so a rule cannot fire
     on the absence of data; all/any are decided by a known false/true child alone."""
