@@ -242,6 +242,13 @@ def test_prefill_bound_offers_the_prefix_cache_only_where_prompts_share_prefixes
     assert rule.fixes_for(lambda s: math.nan)[0] is cache  # no block hashes: unknown keeps it
     lead = run_cli("summary", "samples/long-prompts").stdout.splitlines()
     assert "(prefill-bound" in lead[0] and "prefix" not in lead[1].lower(), lead[:2]
+    # the TTFT objective's own fix for slow prefills splits the same way: the cache where it can serve
+    ttft = next(r for r in load_rules() if r.id == "objective-ttft")
+    reuse = next(f for f in ttft.fixes if "prefix" in f.title.lower())
+    values = {"ttft_slow_prefill_frac": 0.75, "ttft_slow_wait_share": 0.0, "objective_defaults_only": 1.0}
+    for servable, offered in ((0.0, False), (0.916, True), (math.nan, True)):
+        got = ttft.fixes_for(lambda s: {**values, "prefix_hit_rate_achievable": servable}.get(s, math.nan))
+        assert (reuse in got) is offered and any("shorter prompts" in f.title for f in got)
 
 
 def test_not_of_unknown_is_unknown():
