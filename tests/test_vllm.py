@@ -424,7 +424,7 @@ class TestMainServer:
 
         msgs = S.quality_prompts(1, 300, 300)[0]
         assert _dialect(main.url, 10.0) == ("openai", SERVED_NAMES[0])
-        ids = prompt_ids(main.url, msgs, 30.0)
+        ids = prompt_ids(main.url, msgs, 30.0, _dialect(main.url, 10.0))
         assert ids and len(ids) == complete(main.url, msgs, 1, 60.0)[1]  # usage.prompt_tokens of the chat request
         f, n = forced_agreement(main.url, main.url, msgs, 8, 60.0)
         assert 0 < n <= 8 and f == 1.0

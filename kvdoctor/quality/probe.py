@@ -98,11 +98,10 @@ def _dialect(url: str, timeout_s: float) -> tuple[str, str | None] | None:
     return None
 
 
-def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float, dialect=...) -> list[int] | None:
+def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float,
+               d: tuple[str, str | None] | None) -> list[int] | None:
     """The chat prompt as the server's own token ids (its chat template applied), or None where
-    the server cannot say (neither llama.cpp nor vLLM). ``dialect``: :func:`_dialect`'s answer
-    when already asked."""
-    d = _dialect(url, timeout_s) if dialect is ... else dialect
+    the server cannot say (neither llama.cpp nor vLLM). ``d``: the server's :func:`_dialect`."""
     if d is None:
         return None
     try:
@@ -117,9 +116,8 @@ def prompt_ids(url: str, messages: list[dict[str, str]], timeout_s: float, diale
     return [int(t) for t in ids] if isinstance(ids, list) and ids else None
 
 
-def greedy_ids(url: str, ids: list[int], n: int, timeout_s: float, dialect=...) -> list[int]:
+def greedy_ids(url: str, ids: list[int], n: int, timeout_s: float, d: tuple[str, str | None] | None) -> list[int]:
     """The server's greedy continuation of ``ids``, ``n`` tokens at most, as token ids."""
-    d = _dialect(url, timeout_s) if dialect is ... else dialect
     if d is not None and d[0] == "openai":
         got = _request(url, "/v1/completions", {"model": d[1], "prompt": ids, "max_tokens": n, "temperature": 0, "seed": 0,
                                              "return_token_ids": True}, timeout_s)
@@ -130,14 +128,14 @@ def greedy_ids(url: str, ids: list[int], n: int, timeout_s: float, dialect=...) 
     return [int(t) for t in got.get("tokens") or ()]
 
 
-def forced_ids(url: str, ids: list[int], continuation: list[int], timeout_s: float, dialect=...) -> list[int]:
+def forced_ids(url: str, ids: list[int], continuation: list[int], timeout_s: float,
+               d: tuple[str, str | None] | None) -> list[int]:
     """Teacher forcing: at every position of ``continuation``, the token the server would pick
     next given the prompt and the continuation so far (not its own earlier picks). One request a
     position, each a one-token step on the cached prefix (llama.cpp's prompt cache, vLLM's prefix
     cache), so every position attends to the context through the KV cache the server stores (a
     whole-sequence prefill could attend to unquantised keys). An early difference does not carry
     into later positions, as it does when two free-running outputs are compared word by word."""
-    d = _dialect(url, timeout_s) if dialect is ... else dialect
     out = []
     for i in range(len(continuation)):
         got = greedy_ids(url, ids + continuation[:i], 1, timeout_s, d)
